@@ -1,0 +1,5 @@
+import sys
+
+from tensorfs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The errors a model file can be refused with.
+
+Every way a parser refuses a file is a ``ModelError`` carrying a short ``kind`` (one word,
+listed per format in that parser's module), a human message, the byte offset it concerns
+and, where there is one, the tensor or metadata key.  The CLI turns it into the single line
+``tensorfs: error: FILE: message (byte offset N)``.
+"""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """A model file (or a set of shards) that tensorfs refuses to serve."""
+
+    def __init__(self, kind: str, message: str, *, offset: int | None = None,
+                 name: str | None = None, file: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.offset = offset
+        self.name = name
+        self.file = file
+
+    def one_line(self) -> str:
+        """``FILE: what is wrong (byte offset N)`` — no newline, whatever the names hold."""
+        text = self.message
+        if self.offset is not None:
+            text += f" (byte offset {self.offset})"
+        if self.file is not None:
+            text = f"{self.file}: {text}"
+        return text.replace("\n", "\\n").replace("\r", "\\r")
+
+    def __str__(self) -> str:
+        return self.one_line()
+
+
+class GGUFError(ModelError):
+    """A GGUF file refused by ``tensorfs.formats.gguf``."""
+
+
+class SafetensorsError(ModelError):
+    """A safetensors file refused by ``tensorfs.formats.safetensors``."""
+
+
+class ShardError(ModelError):
+    """A set of shards that does not make one model."""
