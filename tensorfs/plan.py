@@ -1,0 +1,34 @@
+"""What each tensor is served as: its raw file always, and which kind of .npy view.
+
+One decision, made in one place, read by the tree builder, metadata.json and ``inspect``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensorfs.dtypes import native_numpy_dtype
+from tensorfs.model import TensorInfo
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    kind: str | None              # "native" | "converted" | None (raw file only)
+    npy_dtype: str | None         # the .npy view's dtype, None when there is no view
+    conversion: object = None     # tensorfs.convert.Conversion for "converted"
+    reason: str | None = None     # why there is no view
+
+
+def plan_view(tensor: TensorInfo) -> ViewPlan:
+    native = native_numpy_dtype(tensor)
+    if native is not None:
+        return ViewPlan("native", native)
+    from tensorfs import convert
+
+    conversion_for = getattr(convert, "conversion_for", None)
+    conversion = conversion_for(tensor) if conversion_for else None
+    if conversion is not None:
+        return ViewPlan("converted", "<f4", conversion)
+    reason_for = getattr(convert, "raw_only_reason", None)
+    reason = reason_for(tensor) if reason_for else None
+    return ViewPlan(None, None, None, reason or f"no conversion for {tensor.dtype}")

@@ -1,0 +1,84 @@
+"""The escaping rule: every tensor reachable exactly once, every path inside the mount."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings, strategies as st
+
+from tensorfs.namespace import RESERVED_TOP_LEVEL, Tree, tensor_paths
+
+name_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+dotted = st.lists(st.sampled_from(["a", "b", "", "metadata", "headers", "npy", "raw", "%",
+                                   "/", "..", "\n", "\x00", "é", "header", "bin"]),
+                  min_size=1, max_size=5).map(".".join)
+names_strategy = st.lists(st.one_of(name_text, dotted, st.text(min_size=250, max_size=400)),
+                          unique=True, max_size=30)
+
+
+def _decode(escaped: str) -> str:
+    """%XX is a byte, a lone % an empty component; what the rule documents."""
+    out = bytearray()
+    for token in re.findall(r"%[0-9A-F]{2}|%|.", escaped, flags=re.S):
+        if token == "%":
+            continue
+        out += bytes([int(token[1:], 16)]) if token.startswith("%") else token.encode()
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _check(names, layout):
+    paths = tensor_paths(names, layout)
+    assert set(paths) == set(names)
+    files = []
+    for name, (raw, npy) in paths.items():
+        files += [raw, npy]
+    assert len(set(files)) == len(files), "two files share a path"
+    tree = Tree()
+    for path in files:
+        parts = path.split("/")
+        for part in parts:
+            assert part not in ("", ".", ".."), path
+            assert "\x00" not in part and len(part.encode()) <= 255, path
+        if layout == "flat":
+            assert len(parts) == 1
+        tree.add_file(path, view=None)     # raises if a file and a directory collide
+    for reserved in RESERVED_TOP_LEVEL:
+        assert reserved not in files and all(not f.startswith(reserved + "/") for f in files)
+    for name, (path, _) in paths.items():      # the path says which tensor it is
+        if "%~" in path:
+            continue
+        if layout == "tree":
+            parts = path.removesuffix(".raw").split("/")
+            decoded = ".".join(_decode(p) for p in parts)
+        else:
+            decoded = _decode(path)
+        assert decoded == name
+
+
+@settings(max_examples=300, deadline=None)
+@given(names_strategy)
+def test_tree_layout_reaches_every_tensor_once(names):
+    _check(names, "tree")
+
+
+@settings(max_examples=300, deadline=None)
+@given(names_strategy)
+def test_flat_layout_reaches_every_tensor_once(names):
+    _check(names, "flat")
+
+
+def test_examples():
+    paths = tensor_paths(["blk.0.attn_q.weight", "a.b", "a.b.c", "metadata.x", "", "x.npy",
+                          "x", "p/q", ".hidden", "new\nline"])
+    assert paths["blk.0.attn_q.weight"] == ("blk/0/attn_q/weight", "blk/0/attn_q/weight.npy")
+    assert paths["a.b"] == ("a/b.raw", "a/b.npy")
+    paths = {name: raw for name, (raw, _) in paths.items()}
+    assert paths["a.b.c"] == "a/b/c"
+    assert paths["metadata.x"] == "%6Detadata/x"
+    assert paths[""] == "%.raw"          # "%" is also a directory: ".hidden"
+    assert paths["x.npy"] == "x/npy"
+    assert paths["p/q"] == "p%2Fq"
+    assert paths[".hidden"] == "%/hidden"
+    assert paths["new\nline"] == "new%0Aline"
+    flat = {name: raw for name, (raw, _) in tensor_paths(["x", "x.npy", "metadata.json", "a.b"], "flat").items()}
+    assert flat == {"x": "x", "x.npy": "x%2Enpy", "metadata.json": "%6Detadata.json", "a.b": "a.b"}
