@@ -1,0 +1,53 @@
+# make demo: install what is missing, mount a bundled sample model, look around, unmount.
+# make test: the same install plus the test dependencies, then the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+BUILD  := build
+
+.PHONY: all system-deps venv test-venv demo test bench fuzz clean
+all: test
+
+# Debian's FUSE: libfuse2 is what fusepy loads, fuse3 brings fusermount.
+system-deps:
+	@if ldconfig -p | grep -q 'libfuse\.so\.2 ' && command -v fusermount >/dev/null; then :; else \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install fuse3 and libfuse2 (apt-get)" >&2; exit 1; fi; \
+	  echo "installing fuse3 and libfuse2 ..."; \
+	  apt-get update -qq && \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2 \
+	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2t64; }; \
+	fi
+	@[ -e /dev/fuse ] || { echo "/dev/fuse is missing: this machine cannot mount FUSE filesystems" >&2; exit 1; }
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
+	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test]'
+	touch $@
+
+venv: system-deps $(VENV)/.installed
+test-venv: system-deps $(VENV)/.installed-test
+
+demo: venv
+	@bash examples/demo.sh $(BIN) $(BUILD)
+
+test: test-venv
+	$(BIN)/python -m pytest -q tests
+
+bench: test-venv
+	$(BIN)/python -m pip install -q matplotlib
+	$(BIN)/python bench/run.py
+
+fuzz: test-venv
+	$(BIN)/python -m pip install -q atheris
+	$(BIN)/python fuzz/fuzz_parsers.py -max_total_time=300
+
+clean:
+	-for m in $(BUILD)/mnt*; do [ -d "$$m" ] && fusermount -uz "$$m" 2>/dev/null; done; true
+	rm -rf $(BUILD) $(VENV) *.egg-info

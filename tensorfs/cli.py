@@ -1,0 +1,372 @@
+"""The command line (SPEC §1): mount, unmount, inspect.
+
+Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
+failure and 2 for a usage error; a traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+from tensorfs import __version__
+from tensorfs.errors import ModelError
+
+log = logging.getLogger("tensorfs")
+
+DEFAULT_CACHE_SIZE = "256M"
+READY_TIMEOUT_S = 60
+UNMOUNT_WAIT_S = 30
+
+
+class UserError(Exception):
+    """A runtime failure the user can act on: said in one line, exit 1."""
+
+
+class UsageError(Exception):
+    """Exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
+    return int(match.group(1)) * scale
+
+
+def parse_fuse_options(text: str) -> dict:
+    options: dict = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        options[key] = value if sep else True
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tensorfs",
+                     description="Mount a safetensors or GGUF model file as a tree of tensors.")
+    parser.add_argument("--version", action="version", version=f"tensorfs {__version__}")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    mount = sub.add_parser("mount", help="mount MODEL at MOUNTPOINT")
+    mount.add_argument("model", metavar="MODEL")
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mount.add_argument("--foreground", "-f", action="store_true",
+                       help="stay attached; Ctrl-C or SIGTERM unmounts")
+    mount.add_argument("--layout", choices=("tree", "flat"), default="tree")
+    mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
+                       metavar="SIZE", help=f"bytes of generated content kept (default {DEFAULT_CACHE_SIZE})")
+    mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
+                       help="extra FUSE mount options")
+    mount.add_argument("--log", metavar="FILE", help="daemon log (default: in the runtime directory)")
+    mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+
+    for name in ("unmount", "umount"):
+        un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"
+                            else "alias of unmount")
+        un.add_argument("mountpoint", metavar="MOUNTPOINT")
+        un.add_argument("--lazy", "-z", action="store_true",
+                        help="detach a busy mount now; it goes when its last user closes it")
+        un.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+
+    inspect = sub.add_parser("inspect", help="describe MODEL without mounting it")
+    inspect.add_argument("model", metavar="MODEL")
+    inspect.add_argument("--json", action="store_true", help="print what metadata.json would hold")
+    inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            raise UsageError("a command is required: mount, unmount or inspect (see --help)")
+        if args.command == "mount":
+            return cmd_mount(args)
+        if args.command in ("unmount", "umount"):
+            return cmd_unmount(args)
+        return cmd_inspect(args)
+    except UsageError as error:
+        print(f"tensorfs: error: {error}", file=sys.stderr)
+        return 2
+    except ModelError as error:
+        if debug:
+            raise
+        print(f"tensorfs: error: {error.one_line()}", file=sys.stderr)
+        return 1
+    except UserError as error:
+        if debug:
+            raise
+        print(f"tensorfs: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as error:
+        if debug:
+            raise
+        print(f"tensorfs: error: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+
+
+# -- inspect --------------------------------------------------------------------------------
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_inspect(args) -> int:
+    from tensorfs.loader import load_model
+    from tensorfs.metadata_json import metadata_document, metadata_json_bytes
+    from tensorfs.mounttree import describe
+
+    model = load_model(args.model)
+    paths, plans = describe(model)
+    out = sys.stdout
+    if args.json:
+        out.buffer.write(metadata_json_bytes(metadata_document(model, paths, plans)))
+        out.flush()
+        return 0
+    first = model.files[0]
+    version = f" v{first.version}" if first.version is not None else ""
+    histogram: dict[str, int] = {}
+    for t in model.tensors:
+        histogram[t.dtype] = histogram.get(t.dtype, 0) + 1
+    total = sum(t.nbytes for t in model.tensors)
+    lines = [
+        f"file:       {model.source}",
+        f"format:     {first.format}{version}, {first.endianness}-endian"
+        + (f", alignment {first.alignment}" if first.alignment else ""),
+        f"size:       {sum(f.file_size for f in model.files)} bytes"
+        + (f" in {len(model.files)} shards" if len(model.files) > 1 else "")
+        + f", data at byte {first.data_offset}",
+        f"metadata:   {len(model.metadata)} keys",
+        f"tensors:    {len(model.tensors)}, {total} bytes ({_human_bytes(total)})",
+        "dtypes:     " + (", ".join(f"{d} {n}" for d, n in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))
+                          or "none"),
+        "",
+    ]
+    rows = [("NAME", "DTYPE", "SHAPE", "BYTES")]
+    for t in model.tensors:
+        name = t.name.encode("unicode_escape").decode("ascii") if not t.name.isprintable() else t.name
+        rows.append((name, t.dtype, "[" + ", ".join(map(str, t.shape)) + "]", str(t.nbytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>}".rstrip())
+    out.write("\n".join(lines) + "\n")
+    return 0
+
+
+# -- mount ----------------------------------------------------------------------------------
+
+def check_mountpoint(path: str) -> str:
+    from tensorfs.runtime import mount_type
+
+    if mount_type(path) is not None:
+        raise UserError(f"{path}: already a mount point (tensorfs unmount {path} first)")
+    if not os.path.exists(path):
+        raise UserError(f"{path}: mount point does not exist")
+    if not os.path.isdir(path):
+        raise UserError(f"{path}: mount point is not a directory")
+    try:
+        if os.listdir(path):
+            raise UserError(f"{path}: mount point is not empty")
+    except PermissionError:
+        raise UserError(f"{path}: mount point is not readable") from None
+    return os.path.realpath(path)
+
+
+def _setup_logging(log_file: str | None, debug: bool) -> None:
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s tensorfs[%(process)d] %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+    logging.getLogger("fuse").setLevel(logging.DEBUG if debug else logging.WARNING)
+
+
+def _fsname(model_path: str) -> str:
+    # Option values cannot hold "," or "\" safely: keep the name readable, drop the rest.
+    return "tensorfs:" + re.sub(r"[^A-Za-z0-9._+-]", "_", os.path.basename(model_path))[:100]
+
+
+def fuse_options(args, model_path: str) -> dict:
+    options = {
+        "ro": True,                    # every write is refused by the kernel with EROFS
+        "kernel_cache": True,          # the model is immutable: keep pages across opens
+        "attr_timeout": 86400,         # ... and attributes, names and misses for a day
+        "entry_timeout": 86400,
+        "negative_timeout": 86400,
+        "use_ino": True,               # our stable inode numbers, not libfuse's
+        "default_permissions": True,   # the kernel checks the 0444/0555 modes
+        "fsname": _fsname(model_path),
+        "subtype": "tensorfs",         # shows as fuse.tensorfs in mount / mountinfo
+    }
+    for text in args.fuse_options:
+        options.update(parse_fuse_options(text))
+    return options
+
+
+def cmd_mount(args) -> int:
+    from tensorfs.cache import ByteLRU
+    from tensorfs.loader import load_model
+    from tensorfs.mounttree import build_mount
+    from tensorfs.runtime import default_log_file, pid_file
+
+    mountpoint = check_mountpoint(args.mountpoint)
+    model = load_model(args.model)
+    mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
+    st = os.stat(model.files[0].path)
+    options = fuse_options(args, model.source)
+    debug = getattr(args, "debug", False)
+
+    if args.foreground:
+        _setup_logging(args.log, debug)
+        return _serve(mounted, mountpoint, st, options, on_ready=None)
+
+    log_file = args.log or default_log_file(mountpoint)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the daemon
+        os.close(ready_r)
+        code = 1
+        try:
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _setup_logging(log_file, debug)
+            with open(pid_file(mountpoint), "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+            def ready():
+                os.write(ready_w, b"ok")
+                os.close(ready_w)
+
+            code = _serve(mounted, mountpoint, st, options, on_ready=ready)
+        except BaseException as error:
+            log.exception("daemon failed")
+            try:
+                os.write(ready_w, f"error: {error}".encode()[:4000])
+            except OSError:
+                pass
+        finally:
+            try:
+                os.unlink(pid_file(mountpoint))
+            except OSError:
+                pass
+            os._exit(code)
+
+    os.close(ready_w)
+    message = _wait_ready(ready_r, pid)
+    if message != "ok":
+        raise UserError(f"{mountpoint}: mount failed: {message or 'the daemon exited'} (log: {log_file})")
+    return 0
+
+
+def _wait_ready(fd: int, pid: int) -> str:
+    import select
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    chunks = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if b"".join(chunks) == b"ok":
+                break
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> int:
+    from fuse import FUSE
+
+    from tensorfs.fusefs import TensorFS
+
+    ops = TensorFS(mounted.tree, st.st_mtime_ns, st.st_uid, st.st_gid, on_ready=on_ready)
+    log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
+             len(mounted.model.tensors))
+    try:
+        FUSE(ops, mountpoint, foreground=True, **options)
+    finally:
+        mounted.close()
+        log.info("unmounted %s", mountpoint)
+    return 0
+
+
+# -- unmount --------------------------------------------------------------------------------
+
+def cmd_unmount(args) -> int:
+    from tensorfs.runtime import mount_type, pid_file
+
+    mountpoint = os.path.realpath(args.mountpoint) if os.path.lexists(args.mountpoint) else args.mountpoint
+    kind = mount_type(mountpoint)
+    if kind is None:
+        raise UserError(f"{args.mountpoint}: not mounted")
+    if not kind.startswith("fuse"):
+        raise UserError(f"{args.mountpoint}: not a tensorfs mount ({kind})")
+    pid = _read_pid(pid_file(mountpoint))
+    command = ["fusermount", "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise UserError("fusermount not found: install fuse3") from None
+    if result.returncode != 0:
+        detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "failed"
+        if "busy" in detail.lower():
+            raise UserError(f"{args.mountpoint}: mount point is busy (a process is using it; "
+                            f"--lazy detaches it now and unmounts when it is no longer used)")
+        raise UserError(f"{args.mountpoint}: unmount failed: {detail}")
+    if pid is not None and not args.lazy:
+        _wait_exit(pid)
+    return 0
+
+
+def _read_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphaned daemon waits for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _wait_exit(pid: int) -> None:
+    deadline = time.monotonic() + UNMOUNT_WAIT_S
+    while time.monotonic() < deadline:
+        if not _running(pid):
+            return
+        time.sleep(0.01)
+    raise UserError(f"daemon {pid} did not exit within {UNMOUNT_WAIT_S} s after unmount")

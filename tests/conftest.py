@@ -1,0 +1,52 @@
+"""Shared fixtures: run the real ``tensorfs`` command and mount for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(sys.executable).with_name("tensorfs")
+TENSORFS = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "tensorfs"]
+
+
+def run_tensorfs(*args, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*TENSORFS, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+
+
+def fuse_mounts_under(path: Path) -> list[str]:
+    real = os.path.realpath(path)
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4].startswith(real) and " - fuse" in line:
+                found.append(fields[4])
+    return found
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(model, *options) -> mount point; everything mounted is unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def _mount(model, *options, name: str | None = None) -> Path:
+        mnt = tmp_path / (name or f"mnt{len(mounted)}")
+        mnt.mkdir()
+        result = run_tensorfs("mount", model, mnt, *options)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        mounted.append(mnt)
+        return mnt
+
+    yield _mount
+    for mnt in mounted:
+        result = run_tensorfs("unmount", mnt)
+        if result.returncode != 0 and fuse_mounts_under(mnt):
+            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+            pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
+    assert fuse_mounts_under(tmp_path) == []
