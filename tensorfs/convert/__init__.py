@@ -1,0 +1,156 @@
+"""Conversion kernels: stored tensor bytes of a type numpy lacks -> float32.
+
+The view layer asks ``conversion_for(tensor)`` once per tensor.  ``None`` means no converted
+view: either numpy has the type and the bytes are served untouched (F32, F16, F64, I8..I64,
+U8..U64, BOOL, C64; ``raw_only_reason`` is then ``None`` too), or the type cannot be
+converted and ``raw_only_reason(tensor)`` says why (for ``metadata.json``).
+
+A ``Conversion`` converts whole blocks: ``convert(data)`` takes a uint8 array of
+``k * block_bytes`` bytes (a read-only view of the mmap is fine) and returns ``k *
+block_elems`` native float32 values (``<f4``).  Blocks are independent, so any run of whole
+blocks converts to the same values as the matching slice of the whole tensor.  Every
+``convert`` also accepts ``out=`` (a contiguous float32 array of the right size) to write
+into a buffer the caller reuses instead of fresh memory.
+
+Which kernel serves which type:
+
+* BF16 (safetensors and GGUF) and the safetensors 8-bit floats: ``floats`` (exact).
+* Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K..Q6_K, and Q8_1 Q8_K Q1_0 Q2_0 (which gguf-py cannot do):
+  our own numpy kernels in ``ggml``; same float32 bits as ``gguf.quants.dequantize``.
+* IQ1_S IQ1_M IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ4_NL IQ4_XS TQ1_0 TQ2_0 MXFP4 NVFP4:
+  ``gguf.quants`` itself (``longtail``), imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..dtypes import GGML_TYPES, SAFETENSORS_DTYPES
+from ..model import TensorInfo
+from . import floats, ggml, longtail
+
+__all__ = ["Conversion", "conversion_for", "raw_only_reason"]
+
+
+@dataclass(frozen=True)
+class Conversion:
+    name: str            # the stored type's name, e.g. "Q4_K", "BF16"
+    block_elems: int     # elements per block
+    block_bytes: int     # bytes per block
+    costly: bool         # worth caching a converted chunk (block quants); False: recompute per read
+    convert: Callable[..., np.ndarray]   # (uint8 whole blocks, out=None) -> float32 '<f4' 1-D
+
+
+# --- safetensors ----------------------------------------------------------------------------
+
+_SAFETENSORS_RAW_ONLY = {
+    "F4": "F4 (E2M1) element packing order (which nibble of a byte is the first element) is "
+          "not documented by the safetensors format",
+    "F6_E2M3": "F6_E2M3 element packing order (how four 6-bit elements fill three bytes) is "
+               "not documented by the safetensors format",
+    "F6_E3M2": "F6_E3M2 element packing order (how four 6-bit elements fill three bytes) is "
+               "not documented by the safetensors format",
+}
+
+
+def _safetensors(dtype: str) -> Conversion | None:
+    if dtype == "BF16":
+        return Conversion("BF16", 1, 2, False, floats.bf16_converter("<"))
+    if dtype in floats.FP8_TABLES:
+        return Conversion(dtype, 1, 1, False, floats.fp8_converter(dtype))
+    return None
+
+
+# --- GGUF -----------------------------------------------------------------------------------
+
+_LE = np.dtype("<f2")
+_BE = np.dtype(">f2")
+
+# name -> (kernel factory taking the fp16 scale dtype | plain kernel, big-endian allowed).
+# Big-endian: gguf-py's scripts/gguf_convert_endian.py swaps the fp16 scale fields of Q4_0,
+# Q8_0 (d), Q4_K (d, dmin) and Q6_K (d) only; those are the ones whose BE layout is known.
+_OWN: dict[str, tuple[Callable, bool]] = {
+    "Q4_0": (ggml.q4_0, True),
+    "Q8_0": (ggml.q8_0, True),
+    "Q4_K": (ggml.q4_k, True),
+    "Q6_K": (ggml.q6_k, True),
+    "Q4_1": (ggml.q4_1, False),
+    "Q5_0": (ggml.q5_0, False),
+    "Q5_1": (ggml.q5_1, False),
+    "Q8_1": (ggml.q8_1, False),
+    "Q2_K": (ggml.q2_k, False),
+    "Q3_K": (ggml.q3_k, False),
+    "Q5_K": (ggml.q5_k, False),
+    "Q8_K": (ggml.q8_k, False),
+    "Q1_0": (ggml.q1_0, False),
+    "Q2_0": (ggml.q2_0, False),
+}
+_SCALE_PARAMETRIZED = {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}
+
+# gguf-py (0.19) implements these; MXFP4 and NVFP4 have only single-byte fields, so
+# gguf_convert_endian.py leaves them as they are (byteswap_noop) and BE files read the same.
+_GGUF_PY: dict[str, bool] = {
+    "IQ1_S": False, "IQ1_M": False, "IQ2_XXS": False, "IQ2_XS": False, "IQ2_S": False,
+    "IQ3_XXS": False, "IQ3_S": False, "IQ4_NL": False, "IQ4_XS": False,
+    "TQ1_0": False, "TQ2_0": False, "MXFP4": True, "NVFP4": True,
+}
+
+
+def _gguf_available() -> bool:
+    return importlib.util.find_spec("gguf") is not None
+
+
+def _ggml(tensor: TensorInfo) -> tuple[Conversion | None, str | None]:
+    gt = GGML_TYPES.get(tensor.ggml_type)
+    if gt is None:
+        return None, f"unknown GGML type id {tensor.ggml_type}"
+    if gt.numpy is not None:
+        return None, None                         # numpy has it: served untouched
+    big = tensor.byte_order == ">"
+    if gt.name == "BF16":
+        return Conversion("BF16", 1, 2, False, floats.bf16_converter(tensor.byte_order)), None
+    if gt.name in _OWN:
+        factory, be_ok = _OWN[gt.name]
+        if big and not be_ok:
+            return None, _be_reason(gt.name)
+        kernel = factory(_BE if big else _LE) if gt.name in _SCALE_PARAMETRIZED else factory
+        return Conversion(gt.name, gt.block_size, gt.type_size, True,
+                          ggml.blockwise(kernel, gt.type_size, gt.block_size)), None
+    if gt.name in _GGUF_PY:
+        if big and not _GGUF_PY[gt.name]:
+            return None, _be_reason(gt.name)
+        if not _gguf_available():
+            return None, f"{gt.name} dequantization needs the gguf package (gguf-py), not installed"
+        return Conversion(gt.name, gt.block_size, gt.type_size, True,
+                          longtail.gguf_converter(gt.id, gt.type_size, gt.block_size)), None
+    return None, f"no dequantization known for GGML type {gt.name}"
+
+
+def _be_reason(name: str) -> str:
+    return (f"byte order of {name} scales in big-endian files is not defined "
+            "(gguf_convert_endian.py swaps only Q4_0, Q8_0, Q4_K and Q6_K blocks)")
+
+
+# --- the API ----------------------------------------------------------------------------------
+
+def conversion_for(tensor: TensorInfo) -> Conversion | None:
+    """The float32 conversion for ``tensor``'s type, or None (native numpy type, or raw only)."""
+    if tensor.ggml_type is not None:
+        return _ggml(tensor)[0]
+    return _safetensors(tensor.dtype)
+
+
+def raw_only_reason(tensor: TensorInfo) -> str | None:
+    """Why ``tensor`` has no .npy view; None when it has one (converted or untouched)."""
+    if tensor.ggml_type is not None:
+        return _ggml(tensor)[1]
+    st = SAFETENSORS_DTYPES.get(tensor.dtype)
+    if st is None:
+        return f"unknown safetensors dtype {tensor.dtype}"
+    if st.numpy is not None or _safetensors(tensor.dtype) is not None:
+        return None
+    return _SAFETENSORS_RAW_ONLY.get(tensor.dtype, f"no conversion known for {tensor.dtype}")
