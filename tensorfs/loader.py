@@ -44,7 +44,10 @@ def parse_model_file(path: str) -> ModelFile:
         prefix = _read_prefix(fd, want)
         if gguf.looks_like_gguf(prefix):
             parse = gguf.parse_gguf
-        elif safetensors.looks_like_safetensors(prefix, file_size):
+        elif (safetensors.looks_like_safetensors(prefix, file_size)
+              or prefix[8:4096].lstrip(b" \t\r\n")[:1] == b"{"):
+            # the second test: a JSON header whose length does not fit is a truncated
+            # safetensors file, and deserves the parser's precise error
             parse = safetensors.parse_safetensors
         else:
             raise ModelError("unknown_format",
@@ -70,5 +73,8 @@ def parse_model_file(path: str) -> ModelFile:
 
 
 def load_model(path: str) -> Model:
-    """The model a mount of ``path`` serves."""
-    return Model.single(parse_model_file(path))
+    """The model a mount of ``path`` serves: one file, or the shards an index, a split
+    GGUF's first shard or a directory stands for (``tensorfs.shards``)."""
+    from tensorfs import shards
+
+    return shards.load(path)
