@@ -25,6 +25,7 @@ from tensorfs.dtypes import GGML_TYPES_BY_NAME, SAFETENSORS_DTYPES
 from tensorfs.model import TensorInfo
 
 import convert_reference
+from quant_blocks import SCALE_FIELDS, oracle, random_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,19 +37,6 @@ OWN_KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_
                     "Q6_K", "Q8_1", "Q8_K", "Q1_0", "Q2_0"]
 BE_SWAPPED = {"Q4_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}   # gguf_convert_endian.py
 
-# Where each block keeps its float scale lanes: (byte offset, "f16" | "f32").
-SCALE_FIELDS = {
-    "Q4_0": [(0, "f16")], "Q4_1": [(0, "f16"), (2, "f16")], "Q5_0": [(0, "f16")],
-    "Q5_1": [(0, "f16"), (2, "f16")], "Q8_0": [(0, "f16")], "Q8_1": [(0, "f16"), (2, "f16")],
-    "Q2_K": [(80, "f16"), (82, "f16")], "Q3_K": [(108, "f16")], "Q4_K": [(0, "f16"), (2, "f16")],
-    "Q5_K": [(0, "f16"), (2, "f16")], "Q6_K": [(208, "f16")], "Q8_K": [(0, "f32")],
-    "IQ2_XXS": [(0, "f16")], "IQ2_XS": [(0, "f16")], "IQ2_S": [(0, "f16")],
-    "IQ3_XXS": [(0, "f16")], "IQ3_S": [(0, "f16")], "IQ1_S": [(0, "f16")],
-    "IQ4_NL": [(0, "f16")], "IQ4_XS": [(0, "f16")], "TQ1_0": [(52, "f16")],
-    "TQ2_0": [(64, "f16")], "Q1_0": [(0, "f16")], "Q2_0": [(0, "f16")],
-}
-
-
 def ggml_tensor(name: str, n_blocks: int, byte_order: str = "<") -> TensorInfo:
     gt = GGML_TYPES_BY_NAME[name]
     return TensorInfo("blk.0.w", name, (n_blocks * gt.block_size,), 0, n_blocks * gt.type_size,
@@ -59,32 +47,8 @@ def st_tensor(dtype: str, n: int) -> TensorInfo:
     return TensorInfo("w", dtype, (n,), 0, n * SAFETENSORS_DTYPES[dtype].bits // 8, "m.safetensors")
 
 
-def random_blocks(name: str, n_blocks: int, rng: np.random.Generator, raw_tail: int = 3) -> np.ndarray:
-    """Random blocks; scale lanes finite (random normal) except the last ``raw_tail`` blocks."""
-    gt = GGML_TYPES_BY_NAME[name]
-    blocks = rng.integers(0, 256, (n_blocks, gt.type_size), dtype=np.uint8)
-    finite = max(0, n_blocks - raw_tail)
-    for off, kind in SCALE_FIELDS.get(name, []):
-        dtype = np.float16 if kind == "f16" else np.float32
-        values = (rng.standard_normal(finite) * 2.0 ** rng.integers(-12, 4, finite)).astype(dtype)
-        blocks[:finite, off:off + values.itemsize] = values.view(np.uint8).reshape(finite, values.itemsize)
-    return blocks.reshape(-1)
-
-
 def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint32)
-
-
-def oracle(name: str, data: np.ndarray) -> np.ndarray:
-    gt = GGML_TYPES_BY_NAME[name]
-    if data.size == 0:                                     # gguf-py cannot reshape 0 blocks
-        return np.empty(0, dtype=np.float32)
-    if name in convert_reference.REFERENCES:
-        with np.errstate(all="ignore"):
-            return convert_reference.REFERENCES[name](data)
-    with np.errstate(all="ignore"):
-        return gguf.quants.dequantize(data.reshape(-1, gt.type_size),
-                                      GGMLQuantizationType[name]).reshape(-1)
 
 
 # --- bit-exactness against the oracle -------------------------------------------------------
