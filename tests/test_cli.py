@@ -1,0 +1,172 @@
+"""The command line as a user meets it: inspect, mount, unmount, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests import safetensors_corpus
+from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
+from tests.models import write_gguf, write_safetensors
+
+try:
+    from tests import gguf_corpus
+    GGUF_MALFORMED = list(gguf_corpus.MALFORMED)
+except (ImportError, AttributeError):          # pragma: no cover - corpus not written yet
+    GGUF_MALFORMED = []
+
+MALFORMED = [("safetensors-" + n, d) for n, d in safetensors_corpus.MALFORMED] + \
+            [("gguf-" + n, d) for n, d in GGUF_MALFORMED] + \
+            [("unknown-format", b"PK\x03\x04 not a model"), ("text", b"hello world\n" * 10)]
+
+
+def _assert_one_error_line(result, code=1):
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tensorfs: error: "), lines[0]
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("name,data", MALFORMED, ids=[n for n, _ in MALFORMED])
+def test_malformed_files_are_refused_with_one_line(tmp_path, name, data):
+    model = tmp_path / "bad.model"
+    model.write_bytes(data)
+    line = _assert_one_error_line(run_tensorfs("inspect", model))
+    assert str(model) in line
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    assert _assert_one_error_line(run_tensorfs("mount", model, mnt)) == line
+    assert fuse_mounts_under(tmp_path) == [] and os.listdir(mnt) == []
+
+
+@pytest.mark.parametrize("name,data", safetensors_corpus.VALID_ODD,
+                         ids=[n for n, _ in safetensors_corpus.VALID_ODD])
+def test_odd_but_valid_safetensors_mount(tmp_path, mount, name, data):
+    from safetensors import deserialize
+
+    model = tmp_path / "odd.safetensors"
+    model.write_bytes(data)
+    mnt = mount(model)
+    doc = json.loads((mnt / "metadata.json").read_bytes())
+    reference = dict(deserialize(data))
+    assert sorted(doc["tensors"]) == sorted(reference)
+    for tensor_name, info in reference.items():
+        entry = doc["tensors"][tensor_name]
+        assert (mnt / entry["path"]).read_bytes() == bytes(info["data"])
+        assert entry["shape"] == list(info["shape"])
+
+
+def test_inspect_summary_and_json(tmp_path, mount):
+    model = tmp_path / "m.gguf"
+    tensors = write_gguf(model)
+    result = run_tensorfs("inspect", model)
+    assert result.returncode == 0 and result.stderr == ""
+    out = result.stdout
+    assert "gguf v3" in out and f"tensors:    {len(tensors)}," in out
+    for name, array in tensors.items():
+        row = next(line for line in out.splitlines() if line.startswith(name + " "))
+        assert row.split()[-1] == str(array.nbytes)
+    as_json = run_tensorfs("inspect", "--json", model)
+    assert as_json.returncode == 0
+    mnt = mount(model)
+    assert as_json.stdout.encode() == (mnt / "metadata.json").read_bytes()
+
+
+def test_mount_point_problems(tmp_path, mount):
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    line = _assert_one_error_line(run_tensorfs("mount", model, tmp_path / "missing"))
+    assert "does not exist" in line
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    assert "not empty" in _assert_one_error_line(run_tensorfs("mount", model, full))
+    assert "not a directory" in _assert_one_error_line(run_tensorfs("mount", model, full / "x"))
+    mnt = mount(model)
+    assert "already a mount" in _assert_one_error_line(run_tensorfs("mount", model, mnt))
+
+
+def test_usage_errors_exit_2(tmp_path):
+    for args in ([], ["frobnicate"], ["mount"], ["mount", "a", "b", "--cache-size", "lots"],
+                 ["mount", "a", "b", "--layout", "spiral"], ["inspect"]):
+        _assert_one_error_line(run_tensorfs(*args), code=2)
+    assert run_tensorfs("--version").stdout.startswith("tensorfs ")
+    assert run_tensorfs("--help").returncode == 0
+
+
+def test_unmount_of_something_not_mounted(tmp_path):
+    assert "not mounted" in _assert_one_error_line(run_tensorfs("unmount", tmp_path))
+
+
+def test_mount_is_live_on_the_next_line_and_unmount_waits(tmp_path):
+    model = tmp_path / "m.safetensors"
+    tensors = write_safetensors(model)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for _ in range(3):
+        assert run_tensorfs("mount", model, mnt).returncode == 0
+        assert (mnt / "lm_head" / "weight").read_bytes() == tensors["lm_head.weight"].tobytes()
+        assert run_tensorfs("unmount", mnt).returncode == 0
+        assert fuse_mounts_under(tmp_path) == [] and os.listdir(mnt) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_foreground_unmounts_cleanly_on_signal(tmp_path, sig):
+    model = tmp_path / "m.safetensors"
+    tensors = write_safetensors(model)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.Popen([*TENSORFS, "mount", "--foreground", str(model), str(mnt)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not fuse_mounts_under(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (mnt / "lm_head" / "weight").read_bytes() == tensors["lm_head.weight"].tobytes()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["fusermount", "-uz", str(mnt)])
+    assert fuse_mounts_under(tmp_path) == []
+
+
+name_strategy = st.text(st.characters(codec="utf-8", exclude_characters="\ud800"), max_size=30)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(name_strategy, min_size=1, max_size=25, unique=True),
+       layout=st.sampled_from(["tree", "flat"]))
+def test_any_names_are_reachable_through_the_mount(tmp_path_factory, names, layout):
+    from safetensors.numpy import save_file
+
+    base = tmp_path_factory.mktemp("names")
+    arrays = {name: np.full((2,), i, dtype=np.int32) for i, name in enumerate(names)}
+    model = base / "m.safetensors"
+    save_file(arrays, str(model))
+    mnt = base / "mnt"
+    mnt.mkdir()
+    assert run_tensorfs("mount", model, mnt, "--layout", layout).returncode == 0
+    try:
+        doc = json.loads((mnt / "metadata.json").read_bytes())
+        root = os.path.realpath(mnt)
+        for name, array in arrays.items():
+            path = os.path.join(mnt, doc["tensors"][name]["path"])
+            assert os.path.realpath(path).startswith(root + os.sep)
+            assert open(path, "rb").read() == array.tobytes()
+            assert np.array_equal(np.load(path.removesuffix(".raw") + ".npy"), array)
+        listed = subprocess.run(["find", str(mnt), "-type", "f"], capture_output=True,
+                                text=True, check=True).stdout.splitlines()
+        assert len(listed) == 2 * len(names) + 2
+    finally:
+        assert run_tensorfs("unmount", mnt).returncode == 0
