@@ -170,3 +170,12 @@ def test_any_names_are_reachable_through_the_mount(tmp_path_factory, names, layo
         assert len(listed) == 2 * len(names) + 2
     finally:
         assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    model = tmp_path / "bad.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 8)
+    quiet = run_tensorfs("inspect", model)
+    assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
+    loud = run_tensorfs("--debug", "inspect", model)
+    assert loud.returncode == 1 and "Traceback" in loud.stderr and "GGUFError" in loud.stderr

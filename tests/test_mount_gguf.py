@@ -184,3 +184,18 @@ def test_flat_layout(tmp_path, mount):
     for name, array in arrays.items():
         assert (mnt / name).read_bytes() == array.tobytes()
         assert np.array_equal(np.load(mnt / (name + ".npy")), array)
+
+
+def test_vocabulary_only_file_mounts(tmp_path, mount):
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    tokens = [f"tok{i}" for i in range(1000)] + ["a\nb", ""]
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    mnt = mount(path)
+    doc = _paths(mnt)
+    assert doc["tensors"] == {} and doc["metadata"]["tokenizer.ggml.tokens"] == tokens
+    assert (mnt / "header.bin").read_bytes() == path.read_bytes()[:doc["data_offset"]]
