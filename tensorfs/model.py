@@ -9,12 +9,14 @@ asked, so a 150k-entry vocabulary costs nothing at mount time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """One tensor as stored in one file.
+
+    A named tuple rather than a frozen dataclass (like gguf-py's ``ReaderTensor``): just as
+    immutable, and 5x cheaper to build, which is most of a 100k-tensor header's parse.
 
     ``dtype`` is the format's own type name (safetensors: "F32", "BF16", "F8_E4M3" ...;
     GGUF: ggml's names, "F32", "Q4_K", "IQ2_XS" ...).  ``shape`` is in numpy (row-major)
