@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from tensorfs.cache import ByteLRU
+from tensorfs.metadata_files import add_metadata_files
 from tensorfs.metadata_json import metadata_document, metadata_json_bytes
 from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, tensor_paths
@@ -63,6 +64,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
         return metadata_json_bytes(metadata_document(model, paths, plans))
 
     tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
+    add_metadata_files(tree, model, cache)
 
     for tensor in model.tensors:
         source = sources[tensor.file]

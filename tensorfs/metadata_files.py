@@ -1,0 +1,242 @@
+"""The ``metadata/`` directory (SPEC §7): one file per metadata key, made on first use.
+
+The user's version of these rules is docs/shards-and-metadata.md.
+
+* **File name**: the whole key, escaped like one tensor-name component (``%``, ``/``, control
+  characters and undecodable bytes as ``%XX``; the empty key is ``%``; over 200 bytes it is
+  shortened with a hash) but dots are kept: ``metadata/tokenizer.ggml.tokens``.  The keys
+  ``.`` and ``..`` have their dots written ``%2E``.  Flat: the directory has no subdirectories.
+* **Scalars**: the value's text plus one ``\\n``.  A string is written verbatim (its bytes
+  as stored, a multi-line chat template stays multi-line): the value is the file minus its
+  last byte.  Integers in decimal; floats as the shortest text that round-trips in their
+  stored width (``repr`` of the value ``metadata.json`` holds; ``nan``, ``inf``, ``-inf``);
+  booleans ``true`` / ``false``; JSON null ``null``; a JSON object (index metadata) as one
+  line of JSON.
+* **Arrays**: one element per line, every line ending in ``\\n`` (``wc -l`` is the element
+  count, an empty array is an empty file, line N is element N - 1).  A string element is
+  escaped so that it stays one line: ``\\`` -> ``\\\\``, newline -> ``\\n``, CR -> ``\\r``,
+  tab -> ``\\t``, other control characters (U+0000-U+001F, U+007F) -> ``\\xNN``, and a byte
+  that is not UTF-8 (a vocabulary may hold such) -> ``\\xNN`` of that byte; everything else
+  is the UTF-8 text itself.  ``codecs.escape_decode(line)[0]`` gives the element's bytes
+  back.  Numbers and booleans as for scalars; an element that is itself an array (GGUF
+  nested arrays) or an object is one line of JSON.
+
+Scalars are ``GeneratedView``s.  Arrays are ``ArrayTextView``s: the text is made in chunks
+of ``CHUNK_ELEMENTS`` elements, each chunk kept in the shared LRU; the first stat renders
+every chunk once to learn its length (only the per-chunk end offsets are kept by the view),
+so the exact size is known without the whole text ever existing as one object.  The decoded
+elements (``MetadataValue.value()``, a whole-array decode) are kept in the same LRU, with
+their estimated size, so that a chunk evicted and read again costs a slice and a render, not
+another decode of the array.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import threading
+from typing import Hashable
+
+from tensorfs.cache import ByteLRU
+from tensorfs.model import MetadataValue, Model
+from tensorfs.namespace import DirNode, Tree, _fit, escape_component
+from tensorfs.views import GeneratedView
+
+DIRECTORY = "metadata"
+CHUNK_ELEMENTS = 4096
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_NEEDS_ESCAPE = re.compile("[\\\\\x00-\x1f\x7f\ud800-\udfff]")
+_NEEDS_ESCAPE_BUT_NEWLINE = re.compile("[\\\\\x00-\x09\x0b-\x1f\x7f\ud800-\udfff]")
+_SEPARATOR = "\ue000"                   # a private-use character: almost never in a token
+_NUMERIC_ARRAYS = frozenset(f"array[{t}]" for t in (
+    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+    "float32", "float64"))
+
+
+def metadata_file_name(key: str) -> str:
+    """The file name of ``key`` inside ``metadata/``."""
+    name = escape_component(key)
+    if name in (".", ".."):
+        name = name.replace(".", "%2E")
+    return _fit(name, key)
+
+
+# -- text of values -----------------------------------------------------------------------
+
+def _escape_char(match: re.Match) -> str:
+    ch = match.group()
+    named = _ESCAPES.get(ch)
+    if named is not None:
+        return named
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:                 # an undecodable byte (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:                 # a lone surrogate from a JSON \u escape
+        return "".join(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return f"\\x{code:02x}"
+
+
+def escape_element(text: str) -> str:
+    """A string array element as one line (no newline at the end)."""
+    return _NEEDS_ESCAPE.sub(_escape_char, text)
+
+
+def _json_line(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:                   # lone surrogates: \u escapes keep it valid
+        return json.dumps(value, ensure_ascii=True)
+
+
+def format_element(value) -> str:
+    """One array element (or a non-string scalar) as text, without a newline."""
+    if isinstance(value, str):
+        return escape_element(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return _json_line(value)
+
+
+def scalar_text(value: object) -> bytes:
+    """The content of a scalar's file."""
+    if isinstance(value, str):
+        try:
+            return value.encode("utf-8", "surrogateescape") + b"\n"
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass") + b"\n"
+    return (format_element(value) + "\n").encode("utf-8")
+
+
+def render_lines(items: list, type_name: str) -> bytes:
+    """Array elements, one per line, each line ending in a newline."""
+    if not items:
+        return b""
+    if type_name == "array[string]":
+        text = "\n".join(items)
+        if (_NEEDS_ESCAPE_BUT_NEWLINE.search(text) is not None
+                or text.count("\n") != len(items) - 1):
+            # Escape the chunk in one pass, with a separator no element holds.
+            text = _SEPARATOR.join(items)
+            if text.count(_SEPARATOR) == len(items) - 1:
+                text = _NEEDS_ESCAPE.sub(_escape_char, text).replace(_SEPARATOR, "\n")
+            else:
+                text = "\n".join([_NEEDS_ESCAPE.sub(_escape_char, s) for s in items])
+    elif type_name in _NUMERIC_ARRAYS:
+        text = "\n".join(map(str, items))        # str(float) is its repr; "nan" stays "nan"
+    else:
+        text = "\n".join(map(format_element, items))
+    return (text + "\n").encode("utf-8")
+
+
+# -- views --------------------------------------------------------------------------------
+
+class _Decoded:
+    """A decoded array in the LRU: ``len`` is its estimated size in memory, which is what
+    the cache counts."""
+
+    __slots__ = ("items", "_nbytes")
+
+    def __init__(self, items: list):
+        self.items = items
+        if items and all(type(x) is str for x in items[:64]):
+            self._nbytes = 64 * len(items) + sum(map(len, items))
+        else:
+            self._nbytes = 40 * len(items)
+
+    def __len__(self) -> int:
+        return self._nbytes
+
+
+class ArrayTextView:
+    """An array's text, one element per line, generated in chunks of ``CHUNK_ELEMENTS``."""
+
+    def __init__(self, cache: ByteLRU, key: Hashable, value: MetadataValue):
+        self.cache = cache
+        self.key = key
+        self.value = value
+        self._ends: list[int] | None = None     # end offset of each chunk
+        self._lock = threading.Lock()
+
+    def _items(self) -> list:
+        decoded = self.cache.get((self.key, "decoded"), lambda: _Decoded(list(self.value.value())))
+        return decoded.items
+
+    def _render(self, index: int, items: list | None = None) -> bytes:
+        items = self._items() if items is None else items
+        start = index * CHUNK_ELEMENTS
+        return render_lines(items[start:start + CHUNK_ELEMENTS], self.value.type_name)
+
+    def _chunk(self, index: int, memo: list) -> bytes:
+        """Chunk ``index`` from the cache, or rendered; ``memo`` keeps the decoded elements
+        for the rest of one read (a cache too small to keep them decodes once per read)."""
+        def render() -> bytes:
+            if not memo:
+                memo.append(self._items())
+            return self._render(index, memo[0])
+        return self.cache.get((self.key, index), render)
+
+    def _layout(self) -> list[int]:
+        ends = self._ends
+        if ends is not None:
+            return ends
+        with self._lock:
+            if self._ends is None:
+                items = self._items()
+                ends, total = [], 0
+                for index in range((len(items) + CHUNK_ELEMENTS - 1) // CHUNK_ELEMENTS):
+                    chunk = self._render(index, items)
+                    self.cache.get((self.key, index), lambda: chunk)
+                    total += len(chunk)
+                    ends.append(total)
+                self._ends = ends
+            return self._ends
+
+    @property
+    def size(self) -> int:
+        ends = self._layout()
+        return ends[-1] if ends else 0
+
+    def read(self, offset: int, size: int) -> bytes:
+        ends = self._layout()
+        total = ends[-1] if ends else 0
+        if offset >= total or size <= 0:
+            return b""
+        end = min(total, offset + size)
+        pieces, memo = [], []
+        index = bisect.bisect_right(ends, offset)
+        while index < len(ends) and offset < end:
+            base = ends[index - 1] if index else 0
+            chunk = self._chunk(index, memo)
+            pieces.append(chunk[offset - base:end - base])
+            offset = ends[index]
+            index += 1
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def is_array(value: MetadataValue) -> bool:
+    return value.count is not None or value.type_name.startswith("array")
+
+
+def metadata_view(cache: ByteLRU, key: str, value: MetadataValue):
+    cache_key = (DIRECTORY, key)
+    if is_array(value):
+        return ArrayTextView(cache, cache_key, value)
+    return GeneratedView(cache, cache_key, lambda: scalar_text(value.value()))
+
+
+def add_metadata_files(tree: Tree, model: Model, cache: ByteLRU) -> None:
+    """``metadata/`` with one file per key of ``model.metadata`` (the directory always exists)."""
+    if DIRECTORY not in tree.root.children:
+        tree.root.children[DIRECTORY] = DirNode()
+    for key, value in model.metadata.items():
+        tree.add_file(f"{DIRECTORY}/{metadata_file_name(key)}", metadata_view(cache, key, value))

@@ -1,0 +1,412 @@
+"""What the user named -> the files of one model: a single file, a Hugging Face safetensors
+index, a split GGUF, or a directory holding exactly one of those (SPEC §6).
+
+Every shard is parsed and validated by ``tensorfs.loader.parse_model_file``, like a single
+file; this module only checks that the shards make one model.  Every way a set of shards is
+refused is a ``ShardError`` whose ``kind`` is a key of ``KINDS``; the CLI prints it as one
+``tensorfs: error: FILE: …`` line.  The user's version is docs/shards-and-metadata.md.
+
+What is accepted, and the choices where the formats' own tools are silent:
+
+* **An index** is told from its bytes (a JSON object, not a model file), not its name.  It
+  is the Hugging Face layout ``{"metadata": {...}, "weight_map": {tensor: shard-file}}``;
+  ``metadata`` may be absent or null.  Shards are the distinct ``weight_map`` values in
+  sorted order (what ``transformers`` does); ``Model.tensors`` is each shard's tensors in
+  file order, shard after shard.  A shard name must be a plain file name in the index's
+  directory ("sub/x", "../x", "/abs/x" are refused: nothing outside that directory is ever
+  opened through an index).  Symlinks are followed: a Hugging Face cache snapshot is a
+  directory of symlinks into ``../../blobs``.  A tensor the index names must be in the shard
+  it names; a tensor a shard holds but the index does not list is served anyway (the
+  Hugging Face loaders read whole shard files too); the same name in two shards is refused.
+  ``total_size`` is not checked (writers disagree on what it counts).
+  ``Model.metadata`` is the index's ``metadata`` with JSON type names ("string", "integer",
+  "number", "boolean", "null", "array", "object"); each shard's own ``__metadata__`` stays
+  in its ``headers/SHARD.bin``.
+* **A split GGUF** is what gguf-py's ``GGUFWriter(split_max_tensors=…)`` and llama.cpp's
+  ``gguf-split`` write: ``PREFIX-00001-of-0000N.gguf`` … with ``split.no`` (0-based),
+  ``split.count`` and ``split.tensors.count``.  As in llama.cpp, the first shard is the one
+  to give (another is refused, naming the first) and the others' names are made from its
+  prefix.  ``Model.metadata`` is the first shard's KV pairs, ``split.*`` included (they are
+  real keys of that file); the others hold only ``split.*`` keys and are checked, not
+  merged.  A file whose ``split.count`` is absent, 0 or 1 is an ordinary single file.
+* **A directory**: its non-hidden regular files (symlinks followed, subdirectories not
+  searched) are sorted into candidates: each ``*.safetensors.index.json``, each GGUF split
+  set (one candidate, its first shard, even if that one is missing), and each other
+  ``*.safetensors`` / ``*.gguf`` that is not a shard of an index or of a split set
+  (``*-NNNNN-of-MMMMM.safetensors`` counts as a shard).  Exactly one candidate is loaded;
+  zero or several are refused (the message lists them).  A directory holding one plain
+  model file mounts that file as if it had been given (``header.bin``, not ``headers/``).
+* **A safetensors shard given directly** is just one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Iterable
+
+from tensorfs.errors import ModelError, ShardError
+from tensorfs.model import MetadataValue, Model, ModelFile, TensorInfo
+
+# ---------------------------------------------------------------------------------------
+# Every way a set of shards is refused.  ``ShardError.kind`` is always one of these keys.
+# ---------------------------------------------------------------------------------------
+KINDS: dict[str, str] = {
+    "no_model":         "a directory with no model file, index or split set in it",
+    "several_models":   "a directory with more than one candidate model",
+    "index_json":       "an index that is not UTF-8 JSON, has a duplicate key, or is not "
+                        "{\"weight_map\": {tensor: file}, \"metadata\": {...} | null}",
+    "empty_index":      "an index whose weight_map names no tensor",
+    "shard_path":       "an index naming a shard that is not a plain file name in its directory",
+    "missing_shard":    "a shard file (named by an index, or by a split GGUF's count) that does not exist",
+    "shard_format":     "a shard in another format than its set (a GGUF named by an index ...)",
+    "index_tensor":     "an index naming a tensor that its shard does not hold",
+    "duplicate_tensor": "the same tensor name in two shards",
+    "split_key":        "split.no / split.count / split.tensors.count missing where needed, or not an integer",
+    "split_name":       "a first split GGUF whose file name is not PREFIX-00001-of-NNNNN.gguf for its split.count",
+    "not_first":        "a split GGUF shard other than the first was given",
+    "split_count":      "a shard whose split.count differs from the first shard's",
+    "split_no":         "a shard whose split.no is not its place in the set (out of order, duplicated)",
+    "tensor_count":     "split.tensors.count differs from the number of tensors the shards hold",
+}
+
+MAX_INDEX_BYTES = 1 << 30
+SPLIT_GGUF_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.S)
+SHARD_SAFETENSORS_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors", re.S)
+INDEX_SUFFIX = ".safetensors.index.json"
+MODEL_SUFFIXES = (".safetensors", ".gguf")
+LISTED_CANDIDATES = 5           # how many names a "several models" error lists
+
+
+def _error(kind: str, message: str, file: str, *, name: str | None = None,
+           offset: int | None = None) -> ShardError:
+    assert kind in KINDS, kind
+    return ShardError(kind, message, offset=offset, name=name, file=file)
+
+
+def _quote(text: str) -> str:
+    """A name inside a message: repr-style, so control characters stay visible on one line."""
+    return repr(text) if not text.isprintable() or "'" in text else f"'{text}'"
+
+
+# ---------------------------------------------------------------------------------------
+# What the user named
+# ---------------------------------------------------------------------------------------
+
+def load(path: str) -> Model:
+    """The model a mount of ``path`` serves (a file, an index, a first shard, a directory)."""
+    if os.path.isdir(path):
+        return _load_directory(path)
+    return _load_file(path, source=path)
+
+
+def _load_file(path: str, source: str) -> Model:
+    if _looks_like_index(path):
+        return _load_index(path, source)
+    from tensorfs.loader import parse_model_file
+
+    first = parse_model_file(path)
+    if first.format == "gguf":
+        split = _split_keys(first)
+        if split is not None:
+            return _load_split_gguf(first, split, source)
+    return Model((first,), first.tensors, first.metadata, source)
+
+
+def _looks_like_index(path: str) -> bool:
+    """A JSON object rather than a model file: told from the first bytes, as models are."""
+    from tensorfs.formats import gguf, safetensors
+
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(4096)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False                 # parse_model_file says why, in its words
+    if gguf.looks_like_gguf(prefix) or safetensors.looks_like_safetensors(prefix, size):
+        return False
+    return prefix.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] == b"{"
+
+
+# ---------------------------------------------------------------------------------------
+# Directories
+# ---------------------------------------------------------------------------------------
+
+def _load_directory(directory: str) -> Model:
+    candidates = directory_candidates(directory)
+    if not candidates:
+        raise _error("no_model", "directory holds no *.safetensors.index.json, *.safetensors "
+                     "or *.gguf file", directory)
+    if len(candidates) > 1:
+        shown = ", ".join(candidates[:LISTED_CANDIDATES])
+        more = f" and {len(candidates) - LISTED_CANDIDATES} more" if len(candidates) > LISTED_CANDIDATES else ""
+        raise _error("several_models", f"directory holds {len(candidates)} models ({shown}{more}): "
+                     f"name one of them instead", directory)
+    path = os.path.join(directory, candidates[0])
+    if not os.path.lexists(path):    # a split set whose first shard is missing
+        raise _error("missing_shard", f"first shard {_quote(candidates[0])} of a split GGUF "
+                     f"is missing", directory)
+    model = _load_file(path, source=path)
+    if len(model.files) > 1 or model.source != model.files[0].path:
+        # A set of shards: the mount is named after what the user gave.
+        return Model(model.files, model.tensors, model.metadata, directory)
+    return model                     # one plain file: as if it had been given
+
+
+def directory_candidates(directory: str) -> list[str]:
+    """File names in ``directory`` that could each be given as the model, sorted."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    except OSError as error:
+        raise ModelError("unreadable", f"cannot list directory: {error.strerror}",
+                         file=directory) from None
+    names = [n for n in names if os.path.isfile(os.path.join(directory, n))]
+    covered: set[str] = set()
+    indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
+    for index in indexes:
+        covered.update(_index_shard_names_quietly(os.path.join(directory, index)))
+    split_firsts = set()
+    for name in names:
+        match = SPLIT_GGUF_NAME.fullmatch(name)
+        if match:
+            covered.add(name)
+            split_firsts.add(f"{match['prefix']}-00001-of-{match['count']}.gguf")
+    plain = [n for n in names
+             if n.endswith(MODEL_SUFFIXES) and n not in covered and n not in indexes
+             and not SHARD_SAFETENSORS_NAME.fullmatch(n)]
+    return sorted(set(indexes) | split_firsts | set(plain))
+
+
+def _index_shard_names_quietly(path: str) -> Iterable[str]:
+    """The shard names an index lists, or nothing if it is unreadable (it is reported when
+    loaded, if it is the one candidate)."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(MAX_INDEX_BYTES))
+        return [v for v in doc["weight_map"].values() if isinstance(v, str)]
+    except Exception:
+        return []
+
+
+# ---------------------------------------------------------------------------------------
+# Hugging Face safetensors index
+# ---------------------------------------------------------------------------------------
+
+class _Duplicate(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _read_index(path: str) -> tuple[dict, dict[str, str]]:
+    """(metadata, weight_map) of an index, validated."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as error:
+        raise ModelError("unreadable", f"cannot read: {error.strerror}", file=path) from None
+    if len(raw) > MAX_INDEX_BYTES:
+        raise _error("index_json", f"index is larger than {MAX_INDEX_BYTES} bytes", path)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise _error("index_json", "index is not valid UTF-8", path, offset=exc.start) from None
+    bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _Duplicate as dup:
+        raise _error("index_json", f"index has the key {_quote(dup.args[0])} twice", path,
+                     name=dup.args[0]) from None
+    except json.JSONDecodeError as exc:
+        at = bom + len(text[:exc.pos].encode("utf-8", "surrogatepass"))
+        raise _error("index_json", f"index is not valid JSON: {exc.msg}", path, offset=at) from None
+    except RecursionError:
+        raise _error("index_json", "index JSON nests too deep", path) from None
+    if not isinstance(doc, dict):
+        raise _error("index_json", f"index must be a JSON object, not {_json_type(doc)}", path)
+    weight_map = doc.get("weight_map")
+    if not isinstance(weight_map, dict):
+        what = "missing" if "weight_map" not in doc else f"a JSON {_json_type(weight_map)}"
+        raise _error("index_json", f"index \"weight_map\" must be an object of tensor -> shard "
+                     f"file, but it is {what}", path)
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise _error("index_json", f"index \"weight_map\" gives tensor {_quote(tensor)} a "
+                         f"{_json_type(shard)} instead of a shard file name", path, name=tensor)
+    metadata = doc.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise _error("index_json", f"index \"metadata\" must be an object or null, not "
+                     f"{_json_type(metadata)}", path)
+    return metadata, weight_map
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def json_metadata_value(value) -> MetadataValue:
+    """An index ``metadata`` value, kept as JSON gave it; arrays count their elements."""
+    kind = _json_type(value)
+    return MetadataValue(kind, lambda: value, len(value) if kind == "array" else None)
+
+
+def _plain_shard_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
+
+
+def _load_index(path: str, source: str) -> Model:
+    from tensorfs.loader import parse_model_file
+
+    metadata, weight_map = _read_index(path)
+    if not weight_map:
+        raise _error("empty_index", "index \"weight_map\" names no tensor", path)
+    shard_names = sorted(set(weight_map.values()))
+    for name in shard_names:
+        if not _plain_shard_name(name):
+            tensor = next(t for t, s in weight_map.items() if s == name)
+            raise _error("shard_path", f"index names shard {_quote(name)} (for tensor "
+                         f"{_quote(tensor)}): a shard must be a plain file name in the index's "
+                         f"directory", path, name=tensor)
+    directory = os.path.dirname(path)
+    shard_paths = [os.path.join(directory, name) for name in shard_names]
+    _check_present(shard_names, shard_paths, path, "named by the index")
+    files = []
+    for shard_path in shard_paths:
+        model_file = parse_model_file(shard_path)
+        if model_file.format != "safetensors":
+            raise _error("shard_format", f"shard {_quote(os.path.basename(shard_path))} is "
+                         f"{model_file.format}, not safetensors", path)
+        files.append(model_file)
+    owner = _owners(files, path)
+    by_name = dict(zip(shard_names, shard_paths))
+    for tensor, shard in weight_map.items():
+        holder = owner.get(tensor)
+        if holder != by_name[shard]:
+            where = f"; it is in {_quote(os.path.basename(holder))}" if holder else ""
+            raise _error("index_tensor", f"index puts tensor {_quote(tensor)} in "
+                         f"{_quote(shard)}, which does not hold it{where}", path, name=tensor)
+    tensors = tuple(t for f in files for t in f.tensors)
+    return Model(tuple(files), tensors,
+                 {key: json_metadata_value(value) for key, value in metadata.items()}, source)
+
+
+def _check_present(names: list[str], paths: list[str], file: str, named_by: str) -> None:
+    missing = [n for n, p in zip(names, paths) if not os.path.isfile(p)]
+    if missing:
+        also = f" ({len(missing)} of {len(names)} shards missing)" if len(missing) > 1 else ""
+        raise _error("missing_shard", f"shard {_quote(missing[0])} {named_by} is missing{also}",
+                     file)
+
+
+def _owners(files: list[ModelFile], file: str) -> dict[str, str]:
+    """tensor name -> path of the shard holding it; a name in two shards is refused."""
+    owner: dict[str, str] = {}
+    for model_file in files:
+        for tensor in model_file.tensors:
+            before = owner.setdefault(tensor.name, model_file.path)
+            if before != model_file.path:
+                raise _error("duplicate_tensor", f"tensor {_quote(tensor.name)} is in two shards: "
+                             f"{_quote(os.path.basename(before))} and "
+                             f"{_quote(os.path.basename(model_file.path))}", file, name=tensor.name)
+    return owner
+
+
+# ---------------------------------------------------------------------------------------
+# Split GGUF
+# ---------------------------------------------------------------------------------------
+
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+
+
+def _int_key(model_file: ModelFile, key: str) -> int | None:
+    value = model_file.metadata.get(key)
+    if value is None:
+        return None
+    number = value.value() if value.count is None else None
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise _error("split_key", f"{key} must be an integer, not {value.type_name}",
+                     model_file.path, name=key)
+    return number
+
+
+def _split_keys(model_file: ModelFile) -> tuple[int, int, int | None] | None:
+    """(split.no, split.count, split.tensors.count) of a shard of a split set, or None."""
+    count = _int_key(model_file, SPLIT_COUNT)
+    if count is None or count <= 1:
+        return None
+    number = _int_key(model_file, SPLIT_NO)
+    if number is None:
+        raise _error("split_key", f"split.count is {count} but split.no is missing",
+                     model_file.path, name=SPLIT_NO)
+    return number, count, _int_key(model_file, SPLIT_TENSORS)
+
+
+def split_shard_name(prefix: str, number: int, count: int) -> str:
+    """llama.cpp's ``llama_split_path``: ``PREFIX-%05d-of-%05d.gguf``, ``number`` 1-based."""
+    return f"{prefix}-{number:05d}-of-{count:05d}.gguf"
+
+
+def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], source: str) -> Model:
+    from tensorfs.loader import parse_model_file
+
+    number, count, tensors_count = split
+    given = first.path
+    base = os.path.basename(given)
+    match = SPLIT_GGUF_NAME.fullmatch(base)
+    if number != 0:
+        hint = (f": mount the first one, {_quote(split_shard_name(match['prefix'], 1, count))}"
+                if match else ": mount the first one (split.no 0)")
+        raise _error("not_first", f"this is shard {number + 1} of {count} of a split GGUF (split.no "
+                     f"{number}){hint}", given)
+    if not match or base != split_shard_name(match["prefix"], 1, count):
+        raise _error("split_name", f"split GGUF with split.count {count} must be named "
+                     f"PREFIX-00001-of-{count:05d}.gguf to find its other shards", given)
+    directory = os.path.dirname(given)
+    names = [split_shard_name(match["prefix"], i, count) for i in range(1, count + 1)]
+    paths = [given] + [os.path.join(directory, n) for n in names[1:]]
+    _check_present(names, paths, given, f"(one of the {count} that split.count names)")
+    files = [first]
+    for i, path in enumerate(paths[1:], start=1):
+        shard = parse_model_file(path)
+        if shard.format != "gguf":
+            raise _error("shard_format", f"shard {_quote(names[i])} is {shard.format}, not GGUF", given)
+        keys = _split_keys(shard)
+        if keys is None or keys[1] != count:
+            theirs = "missing" if keys is None else keys[1]
+            raise _error("split_count", f"shard {_quote(names[i])} has split.count {theirs}, the "
+                         f"first shard {count}", given, name=SPLIT_COUNT)
+        if keys[0] != i:
+            raise _error("split_no", f"shard {_quote(names[i])} has split.no {keys[0]}, expected "
+                         f"{i}", given, name=SPLIT_NO)
+        if tensors_count is not None and keys[2] is not None and keys[2] != tensors_count:
+            raise _error("tensor_count", f"shard {_quote(names[i])} has split.tensors.count "
+                         f"{keys[2]}, the first shard {tensors_count}", given, name=SPLIT_TENSORS)
+        files.append(shard)
+    _owners(files, given)
+    tensors: tuple[TensorInfo, ...] = tuple(t for f in files for t in f.tensors)
+    if tensors_count is not None and tensors_count != len(tensors):
+        raise _error("tensor_count", f"split.tensors.count is {tensors_count} but the {count} "
+                     f"shards hold {len(tensors)} tensors", given, name=SPLIT_TENSORS)
+    return Model(tuple(files), tensors, first.metadata, source)
