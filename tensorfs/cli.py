@@ -7,6 +7,8 @@ failure and 2 for a usage error; a traceback only with ``--debug``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import logging
 import os
 import re
@@ -124,6 +126,19 @@ def main(argv=None) -> int:
         return 1
 
 
+@contextlib.contextmanager
+def _no_gc_while_building():
+    """Parsing and building a tree make ~5 long-lived objects per tensor, none of them
+    cyclic garbage: collection passes over them cost half the mount time of a 100k-tensor
+    model (measured).  Frozen afterwards, they are never scanned again."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.freeze()
+
+
 # -- inspect --------------------------------------------------------------------------------
 
 def _human_bytes(n: int) -> str:
@@ -139,8 +154,9 @@ def cmd_inspect(args) -> int:
     from tensorfs.metadata_json import metadata_document, metadata_json_bytes
     from tensorfs.mounttree import describe
 
-    model = load_model(args.model)
-    paths, plans = describe(model)
+    with _no_gc_while_building():
+        model = load_model(args.model)
+        paths, plans = describe(model)
     out = sys.stdout
     if args.json:
         out.buffer.write(metadata_json_bytes(metadata_document(model, paths, plans)))
@@ -233,8 +249,9 @@ def cmd_mount(args) -> int:
     from tensorfs.runtime import default_log_file, pid_file
 
     mountpoint = check_mountpoint(args.mountpoint)
-    model = load_model(args.model)
-    mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
+    with _no_gc_while_building():
+        model = load_model(args.model)
+        mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
     st = os.stat(model.files[0].path)
     options = fuse_options(args, model.source)
     debug = getattr(args, "debug", False)

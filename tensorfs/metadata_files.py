@@ -40,7 +40,7 @@ from typing import Hashable
 
 from tensorfs.cache import ByteLRU
 from tensorfs.model import MetadataValue, Model
-from tensorfs.namespace import DirNode, Tree, _fit, escape_component
+from tensorfs.namespace import Tree, _fit, escape_component
 from tensorfs.views import GeneratedView
 
 DIRECTORY = "metadata"
@@ -236,7 +236,6 @@ def metadata_view(cache: ByteLRU, key: str, value: MetadataValue):
 
 def add_metadata_files(tree: Tree, model: Model, cache: ByteLRU) -> None:
     """``metadata/`` with one file per key of ``model.metadata`` (the directory always exists)."""
-    if DIRECTORY not in tree.root.children:
-        tree.root.children[DIRECTORY] = DirNode()
+    tree.add_dir(DIRECTORY)
     for key, value in model.metadata.items():
         tree.add_file(f"{DIRECTORY}/{metadata_file_name(key)}", metadata_view(cache, key, value))

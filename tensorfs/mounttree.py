@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tensorfs.cache import ByteLRU
@@ -31,19 +32,47 @@ class MountedModel:
             source.close()
 
 
-def tensor_xattrs(tensor) -> dict[str, bytes]:
-    return {
-        "user.tensorfs.dtype": tensor.dtype.encode(),
-        "user.tensorfs.shape": json.dumps(list(tensor.shape)).encode(),
-        "user.tensorfs.offset": str(tensor.offset).encode(),
-        "user.tensorfs.shard": os.path.basename(tensor.file).encode("utf-8", "surrogateescape"),
-    }
+class TensorXattrs(Mapping):
+    """user.tensorfs.* of a tensor's files, made when asked (a dict per tensor would cost
+    more than the rest of the tensor's entry)."""
+
+    __slots__ = ("tensor",)
+    NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
+             "user.tensorfs.shard")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __getitem__(self, name: str) -> bytes:
+        t = self.tensor
+        if name == "user.tensorfs.dtype":
+            return t.dtype.encode()
+        if name == "user.tensorfs.shape":
+            return json.dumps(list(t.shape)).encode()
+        if name == "user.tensorfs.offset":
+            return str(t.offset).encode()
+        if name == "user.tensorfs.shard":
+            return os.path.basename(t.file).encode("utf-8", "surrogateescape")
+        raise KeyError(name)
+
+    def __iter__(self):
+        return iter(self.NAMES)
+
+    def __len__(self) -> int:
+        return len(self.NAMES)
 
 
 def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths], dict[str, ViewPlan]]:
     """Paths and view plans of every tensor: all that metadata.json needs besides the model."""
     paths = tensor_paths([t.name for t in model.tensors], layout)
-    plans = {t.name: plan_view(t) for t in model.tensors}
+    by_type: dict[tuple, ViewPlan] = {}       # the plan depends only on the type
+    plans = {}
+    for t in model.tensors:
+        key = (t.dtype, t.ggml_type, t.byte_order)
+        plan = by_type.get(key)
+        if plan is None:
+            plan = by_type[key] = plan_view(t)
+        plans[t.name] = plan
     return paths, plans
 
 
@@ -69,7 +98,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
     for tensor in model.tensors:
         source = sources[tensor.file]
         raw = RawView(source, tensor.offset, tensor.nbytes)
-        xattrs = tensor_xattrs(tensor)
+        xattrs = TensorXattrs(tensor)
         path = paths[tensor.name]
         tree.add_file(path.raw, raw, xattrs)
         plan = plans[tensor.name]
@@ -83,5 +112,4 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
             continue
         tree.add_file(path.npy, view, xattrs)
 
-    tree.number_inodes()
     return MountedModel(model, tree, sources, paths, plans, cache)
