@@ -12,7 +12,11 @@ from tensorfs.errors import ModelError
 from tensorfs.formats import NeedMoreBytes
 from tensorfs.model import Model, ModelFile
 
-FIRST_PREFIX_BYTES = 1 << 20
+# Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
+# is re-read at least as far as the parser asks and four times longer than before: a few
+# parses, their total cost dominated by the last.
+FIRST_PREFIX_BYTES = 64 << 10
+GROWTH = 4
 
 
 def _read_prefix(fd: int, size: int) -> bytes:
@@ -60,7 +64,7 @@ def parse_model_file(path: str) -> ModelFile:
                 if len(prefix) >= file_size:     # a parser bug: it must not ask for more than the file
                     raise ModelError("truncated", "header runs past the end of the file",
                                      offset=file_size, file=path) from None
-                want = min(file_size, max(more.needed, 2 * len(prefix)))
+                want = min(file_size, max(more.needed, GROWTH * len(prefix)))
                 prefix = _read_prefix(fd, want)
     except ModelError as error:
         if error.file is None:
