@@ -319,15 +319,13 @@ def _wait_ready(fd: int, pid: int) -> str:
 
 
 def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> int:
-    from fuse import FUSE
-
-    from tensorfs.fusefs import TensorFS
+    from tensorfs.fusefs import TensorFS, ZeroCopyFUSE
 
     ops = TensorFS(mounted.tree, st.st_mtime_ns, st.st_uid, st.st_gid, on_ready=on_ready)
     log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
              len(mounted.model.tensors))
     try:
-        FUSE(ops, mountpoint, foreground=True, **options)
+        ZeroCopyFUSE(ops, mountpoint, foreground=True, **options)
     finally:
         mounted.close()
         log.info("unmounted %s", mountpoint)

@@ -6,15 +6,18 @@ below are mapped to errno in one place (``__call__``).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
 import stat
+import threading
 
-from fuse import FuseOSError, Operations
+from fuse import FUSE, FuseOSError, Operations
 
 from tensorfs.namespace import DirNode, Tree
 from tensorfs.source import SourceError
+from tensorfs.views import fill_from
 
 log = logging.getLogger("tensorfs")
 
@@ -102,6 +105,11 @@ class TensorFS(Operations):
         node = self._open_files.get(fh) or self._node(path)
         return node.view.read(offset, size)
 
+    def read_into(self, path, buf, offset, fh):
+        """``read`` into the reply buffer (``ZeroCopyFUSE``): returns the byte count."""
+        node = self._open_files.get(fh) or self._node(path)
+        return fill_from(node.view, offset, buf)
+
     def getxattr(self, path, name, position=0):
         node = self._node(path)
         xattrs = getattr(node, "xattrs", {})
@@ -127,3 +135,39 @@ class TensorFS(Operations):
 
     chmod = chown = create = link = mkdir = mknod = rename = rmdir = symlink = _read_only
     truncate = unlink = utimens = write = setxattr = removexattr = _read_only
+
+
+class ZeroCopyFUSE(FUSE):
+    """fusepy's ``FUSE`` with a read that fills libfuse's reply buffer in place, and Python
+    thread states that outlive a callback.
+
+    - fusepy's own read calls ``Operations.read``, which must return a bytes object that it
+      then ``memmove``s into the buffer libfuse sends to the kernel: a fresh 128 KiB object and
+      two copies per request.  Here the buffer itself is handed to ``Operations.read_into`` as
+      a memoryview, and a raw file is ``preadv``'d straight into it — one copy, made by the
+      kernel with the GIL released.  Operations without ``read_into`` get fusepy's path.
+    - libfuse calls in from its own threads; ctypes then creates a Python thread state for
+      each callback and destroys it on return.  The first callback on each libfuse thread
+      takes one more ``PyGILState_Ensure`` that is never released, so the thread keeps its
+      state.  A libfuse thread that exits (it keeps at most 10 idle) leaves its few-KiB
+      state behind, so nothing big may hang off a thread (no ``threading.local`` buffers).
+    docs/serving.md gives the before/after of each (benchmark rows 1c and 6).
+    """
+
+    _pinned = threading.local()
+
+    @staticmethod
+    def _wrapper(func, *args, **kwargs):
+        if not getattr(ZeroCopyFUSE._pinned, "yes", False):
+            ctypes.pythonapi.PyGILState_Ensure()
+            ZeroCopyFUSE._pinned.yes = True
+        return FUSE._wrapper(func, *args, **kwargs)
+
+    def read(self, path, buf, size, offset, fip):
+        if not hasattr(self.operations, "read_into"):
+            return super().read(path, buf, size, offset, fip)
+        # A view of libfuse's buffer; nothing keeps it past this call (libfuse frees the
+        # buffer once the reply is sent).
+        target = memoryview((ctypes.c_char * size).from_address(ctypes.addressof(buf.contents))).cast("B")
+        return self.operations("read_into", path.decode(self.encoding) if path else None,
+                               target, offset, fip.contents.fh)

@@ -1,23 +1,55 @@
 """The model file as served: opened once, read with bounds the header promised.
 
-Reads use ``os.pread`` on one descriptor rather than slices of an mmap: the two cost the
-same copy (see docs/serving.md), but a page of a map that the file no longer has kills the
-process with SIGBUS, which Python cannot catch, while ``pread`` just comes back short.  A
+Reads use ``os.pread`` / ``os.preadv`` on one descriptor rather than slices of an mmap: a
+page of a map that the file no longer has kills the process with SIGBUS, which Python cannot
+catch, while ``pread`` just comes back short.  It costs nothing: ``read_into`` preads straight
+into the buffer the kernel's reply is sent from, which is one copy fewer than slicing a map
+and handing the slice over (docs/serving.md, benchmark rows 1 and 6).  ``pread`` on one shared
+descriptor is also safe and parallel across threads (no file position is shared).  A
 short read of bytes that ``stat`` promised is turned into ``SourceError`` (EIO), and the log
 says why; the daemon stays up and other files keep working.
+
+The model is promised immutable while mounted; what happens when it is not (docs/reliability.md):
+
+- every read is followed by an ``fstat`` of the descriptor (a few us: measured in
+  docs/reliability.md).  Size and mtime as at mount time: the bytes just read are the
+  file's bytes at mount time, since a write updates mtime before it copies data;
+- the file shrank and its first bytes are unchanged (a hash of the first 4 KiB, 8 KiB ... up
+  to ``FINGERPRINT_BYTES`` taken at mount, compared for the longest prefix that is left):
+  *truncated*.  Bytes below the new end still serve; a read reaching past it fails with EIO;
+- anything else (same size but modified, grown, the first bytes differ): *rewritten*.  No
+  byte can be vouched for: every read of the file fails with EIO until it is remounted;
+- renamed over or deleted: the descriptor still holds the file as mounted, which keeps
+  serving, consistent; the log says so once (checked at most every ``PATH_CHECK_S``).
+
+Each change is logged once, at ERROR for truncated / rewritten and WARNING for replaced.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
 import threading
+import time
 
 log = logging.getLogger("tensorfs")
 
 
+FINGERPRINT_BYTES = 1 << 20     # the prefix the loader parsed the header from, hashed at
+FINGERPRINT_MARKS = tuple(4096 << k for k in range(9))   # 4 KiB, 8 KiB ... 1 MiB of it
+PATH_CHECK_S = 1.0              # how often the path is checked for a rename-replacement
+
+
 class SourceError(OSError):
     """The model file no longer holds the bytes it held at mount time."""
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int]:
+    """What a change of the file's bytes changes.  Not ctime: chmod, a new hard link or the
+    rename that replaces the path change it, and leave the bytes alone."""
+    return st.st_size, st.st_mtime_ns
 
 
 class ModelSource:
@@ -25,28 +57,137 @@ class ModelSource:
         self.path = path
         self.expected_size = expected_size
         self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._warned = False
         self._warn_lock = threading.Lock()
+        st = os.fstat(self.fd)
+        self._stamp = _stamp(st)
+        self._identity = (st.st_dev, st.st_ino)
+        self._fingerprints = self._prefix_hashes(min(expected_size, FINGERPRINT_BYTES))
+        self.limit = expected_size          # bytes of the file still vouched for
+        self.broken: str | None = None      # why none is, once the file was rewritten
+        self._next_path_check = time.monotonic() + PATH_CHECK_S
+        self._replaced_logged = False
+        if st.st_size != expected_size:     # changed between the parse and this open
+            self._reassess(st, force=True)
 
     def read(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (the caller keeps inside the promised size)."""
         if size <= 0:
             return b""
+        self._admit(offset, size)
         data = os.pread(self.fd, size, offset)
         if len(data) != size:
             self._gone(offset, size, len(data))
+        self._verify(offset, size)
         return data
 
+    def read_into(self, offset: int, buf) -> int:
+        """Fill the writable buffer ``buf`` with the bytes at ``offset``: one copy, from the
+        page cache straight into ``buf`` (the GIL is released while the kernel copies)."""
+        size = len(buf)
+        if size <= 0:
+            return 0
+        self._admit(offset, size)
+        got = os.preadv(self.fd, [buf], offset)
+        if got != size:
+            self._gone(offset, size, got)
+        self._verify(offset, size)
+        return got
+
+    # -- the file changed under the mount -------------------------------------------------
+    def _admit(self, offset: int, size: int) -> None:
+        """Refuse, before reading, what is no longer vouched for."""
+        if self.broken is not None or offset + size > self.limit:
+            self._refuse(offset, size)
+
+    def _verify(self, offset: int, size: int) -> None:
+        """After a read: the file still as at mount time, or the read is refused."""
+        st = os.fstat(self.fd)
+        if _stamp(st) != self._stamp:
+            self._reassess(st)
+            self._admit(offset, size)
+        if st.st_nlink == 0 or time.monotonic() >= self._next_path_check:
+            self._check_path(st)
+
     def _gone(self, offset: int, size: int, got: int) -> None:
-        actual = os.fstat(self.fd).st_size
+        self._reassess(os.fstat(self.fd))
+        self._refuse(offset, size, got)
+
+    def _refuse(self, offset: int, size: int, got: int | None = None):
+        short = f" got {got}" if got is not None else ""
+        why = self.broken or f"the file now ends at byte {self.limit}"
+        raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}{short}: "
+                                     f"{why}")
+
+    def _prefix_hashes(self, n: int) -> dict[int, bytes]:
+        """Hashes of the first m bytes, for each mark m up to ``n`` (and ``n`` itself)."""
+        marks = sorted({m for m in FINGERPRINT_MARKS if m < n} | {n})
+        h = hashlib.blake2b(digest_size=16)
+        out: dict[int, bytes] = {}
+        got = 0
+        for mark in marks:
+            while got < mark:
+                chunk = os.pread(self.fd, mark - got, got)
+                if not chunk:
+                    return out
+                h.update(chunk)
+                got += len(chunk)
+            out[mark] = h.copy().digest()
+        return out
+
+    def _same_start(self, size: int) -> bool:
+        """The longest hashed prefix that still fits in ``size`` bytes is unchanged."""
+        marks = [m for m in self._fingerprints if m <= size]
+        if not marks:
+            return True                 # less than 4 KiB left: nothing of note to compare
+        longest = max(marks)
+        return self._prefix_hashes(longest).get(longest) == self._fingerprints[longest]
+
+    def _reassess(self, st: os.stat_result, force: bool = False) -> None:
+        """The descriptor's stat differs from the last one seen: truncated or rewritten?"""
         with self._warn_lock:
-            if not self._warned:
-                self._warned = True
-                log.error("%s: the model file changed under the mount: it is %d bytes now, "
-                          "%d at mount time; reads past its end fail with EIO",
-                          self.path, actual, self.expected_size)
-        raise SourceError(5, f"{self.path}: read of {size} bytes at {offset} got {got} "
-                             f"(file is {actual} bytes, was {self.expected_size})")
+            if _stamp(st) == self._stamp and not force:
+                return                      # another thread got here first
+            self._stamp = _stamp(st)
+            if self.broken is not None:
+                return
+            was = self.expected_size
+            same_start = self._same_start(min(st.st_size, was))
+            if st.st_size < was and same_start:
+                if st.st_size < self.limit:
+                    self.limit = st.st_size
+                    log.error("%s: the model file was truncated under the mount: it is %d bytes "
+                              "now, %d at mount time; reads past byte %d fail with EIO, the "
+                              "rest still serve", self.path, st.st_size, was, st.st_size)
+                return
+            if st.st_size == was:
+                what = "rewritten in place (same size, but its mtime changed)"
+            elif not same_start:
+                what = (f"rewritten (it is {st.st_size} bytes now, {was} at mount time, and "
+                        "its first bytes differ)")
+            else:
+                what = f"modified (it is {st.st_size} bytes now, {was} at mount time)"
+            self.broken = f"the model file was {what} since it was mounted"
+            log.error("%s: %s; every read of it now fails with EIO (unmount and mount "
+                      "again to serve the new contents)", self.path, self.broken)
+
+    def _check_path(self, st: os.stat_result) -> None:
+        """Rename-replacement or deletion: the descriptor keeps the mounted file."""
+        self._next_path_check = time.monotonic() + PATH_CHECK_S
+        if self._replaced_logged:
+            return
+        try:
+            now = os.stat(self.path)
+            what = "another file was renamed over it" if (now.st_dev, now.st_ino) != \
+                self._identity else None
+        except OSError:
+            what = "it was deleted or renamed"
+        if what is None and st.st_nlink == 0:
+            what = "it was deleted"
+        if what is not None:
+            self._replaced_logged = True
+            log.warning("%s: the path no longer names the mounted file (%s); this mount keeps "
+                        "serving the file as it was at mount time: unmount and mount again to "
+                        "serve the new one", self.path, what)
 
     def close(self) -> None:
         try:

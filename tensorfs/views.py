@@ -7,12 +7,18 @@
 - ``NpyView``: an .npy file, a header made on first use followed by a data view.
 - ``ConvertedView``: a tensor converted to float32 block by block, only for the bytes a
   reader asks for (``tensorfs.convert`` supplies the kernels).
+
+Each also has ``read_into(offset, buf) -> n``: the same bytes written into a writable buffer
+(the one the FUSE reply is sent from), so that the hot path builds no bytes object and copies
+once — see docs/serving.md.  ``fill_from(view, offset, buf)`` gives any view that interface.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Hashable
 
@@ -29,6 +35,22 @@ def _clip(offset: int, size: int, total: int) -> tuple[int, int]:
     return offset, min(size, total - offset)
 
 
+def fill_from(view, offset: int, buf: memoryview) -> int:
+    """``view.read_into`` when it has one, else ``read`` copied into ``buf``."""
+    read_into = getattr(view, "read_into", None)
+    if read_into is not None:
+        return read_into(offset, buf)
+    data = view.read(offset, len(buf))
+    buf[:len(data)] = data
+    return len(data)
+
+
+def _copy_into(buf: memoryview, data) -> int:
+    n = min(len(buf), len(data))
+    buf[:n] = memoryview(data)[:n]
+    return n
+
+
 class RawView:
     def __init__(self, source: ModelSource, offset: int, nbytes: int):
         self.source = source
@@ -38,6 +60,10 @@ class RawView:
     def read(self, offset: int, size: int) -> bytes:
         offset, size = _clip(offset, size, self.size)
         return self.source.read(self.offset + offset, size)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        offset, size = _clip(offset, len(buf), self.size)
+        return self.source.read_into(self.offset + offset, buf[:size]) if size else 0
 
 
 class GeneratedView:
@@ -63,6 +89,10 @@ class GeneratedView:
 
     def read(self, offset: int, size: int) -> bytes:
         return self.content()[offset:offset + max(size, 0)]
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        data = self.content()
+        return _copy_into(buf, memoryview(data)[offset:]) if offset < len(data) else 0
 
 
 def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
@@ -111,11 +141,100 @@ class NpyView:
             return head
         return head + self.data.read(0, end - len(header))
 
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        header = self.header
+        offset, size = _clip(offset, len(buf), len(header) + self.data.size)
+        if size == 0:
+            return 0
+        if offset >= len(header):
+            return fill_from(self.data, offset - len(header), buf[:size])
+        n = _copy_into(buf[:size], memoryview(header)[offset:])
+        if n < size:
+            n += fill_from(self.data, 0, buf[n:size])
+        return n
+
 
 # Converted chunks are this many float32 output bytes (rounded to whole blocks): big enough
 # that one chunk serves several 128 KiB kernel reads, small enough that a random read
 # converts little it does not need.
 CHUNK_OUTPUT_BYTES = 1 << 20
+
+# Chunks converted for sequential readers (and ahead of them) live in a small store of their
+# own, at most this many bytes (and at most a quarter of --cache-size): the kernel's page
+# cache keeps what they served, so holding a whole tensor's chunks would only cost memory
+# and, worse, fresh memory: touching new pages costs more than converting into recycled ones
+# (docs/serving.md).  Random reads use the shared LRU.
+STREAM_BYTES = 16 << 20
+# A sequential reader gets this many chunks converted ahead of it, by this many workers
+# (one per core, at most two: more only queue behind the GIL).  Benchmark rows 4 and 6.
+READ_AHEAD_CHUNKS = 2
+READ_AHEAD_WORKERS = min(2, os.cpu_count() or 1)
+
+
+class _ChunkBuffers:
+    """Recycled chunk buffers: a chunk dropped by a cache gives its bytearray back here."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(CHUNK_OUTPUT_BYTES)
+
+    def give(self, buf: bytearray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buf)
+
+
+_BUFFERS = _ChunkBuffers(keep=STREAM_BYTES // CHUNK_OUTPUT_BYTES)
+# Stored bytes of the blocks being converted, read into a reused buffer.  Shared, not per
+# thread: libfuse threads come and go, and a buffer per thread would go with them only if
+# their Python thread state did (it does not: tensorfs.fusefs.ZeroCopyFUSE keeps it).
+_SCRATCH = _ChunkBuffers(keep=8)
+
+
+class _Chunk:
+    """A converted chunk in a recycled buffer; ``len`` is its size in bytes (what the caches
+    count).  Whoever reads ``data`` holds the chunk meanwhile, so the buffer is recycled only
+    once nobody can see it."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, n: int):
+        self.buf = _BUFFERS.take()
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def data(self) -> memoryview:
+        return memoryview(self.buf)[:self.n]
+
+    def __del__(self):
+        try:
+            _BUFFERS.give(self.buf)
+        except Exception:       # interpreter shutdown
+            pass
+
+
+_streams: "weakref.WeakKeyDictionary[ByteLRU, ByteLRU]" = weakref.WeakKeyDictionary()
+_streams_lock = threading.Lock()
+
+
+def _stream_cache(cache: ByteLRU) -> ByteLRU:
+    """The stream store that goes with a mount's shared cache."""
+    with _streams_lock:
+        store = _streams.get(cache)
+        if store is None:
+            store = _streams[cache] = ByteLRU(max(CHUNK_OUTPUT_BYTES * 4,
+                                                  min(STREAM_BYTES, cache.max_bytes // 4)))
+        return store
 
 
 class ConvertedView:
@@ -123,7 +242,8 @@ class ConvertedView:
 
     Costly conversions (K-quants, IQ types ...) keep their chunks in the shared LRU and a
     sequential reader gets the next chunk converted ahead on a worker thread; cheap ones
-    (BF16, FP8) convert just the blocks a read covers and keep nothing.
+    (BF16, FP8) convert just the blocks a read covers, straight into the reader's buffer
+    when the read is block-aligned (every kernel read is), and keep nothing.
     """
 
     _readahead_pool: ThreadPoolExecutor | None = None
@@ -143,58 +263,90 @@ class ConvertedView:
         self.chunk_out = blocks_per_chunk * self.block_out
         self.chunk_in = blocks_per_chunk * conversion.block_bytes
         self._last_end = -1
+        self.stream = _stream_cache(cache) if conversion.costly else None
 
     # -- conversion of whole blocks -------------------------------------------------------
-    def _convert_blocks(self, first_block: int, n_blocks: int) -> bytes:
+    def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
         start = first_block * self.conversion.block_bytes
         length = n_blocks * self.conversion.block_bytes
-        raw = self.source.read(self.offset + start, length)
-        values = self.conversion.convert(np.frombuffer(raw, dtype=np.uint8))
-        return values.tobytes()
+        scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
+        try:
+            raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
+            self.source.read_into(self.offset + start, memoryview(scratch)[:length])
+            self.conversion.convert(raw, out=out)
+            del raw
+        finally:
+            if len(scratch) == CHUNK_OUTPUT_BYTES:
+                _SCRATCH.give(scratch)
 
-    def _chunk(self, index: int) -> bytes:
+    def _convert_chunk(self, index: int) -> _Chunk:
         blocks_per_chunk = self.chunk_out // self.block_out
         first = index * blocks_per_chunk
-        total_blocks = self.size // self.block_out
-        count = min(blocks_per_chunk, total_blocks - first)
-        return self.cache.get((self.key, index), lambda: self._convert_blocks(first, count))
+        count = min(blocks_per_chunk, self.size // self.block_out - first)
+        chunk = _Chunk(count * self.block_out)
+        self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
+        return chunk
+
+    def _chunk(self, index: int, sequential: bool = False) -> _Chunk:
+        key = (self.key, index)
+        if sequential or self.stream.peek(key):
+            return self.stream.get(key, lambda: self._convert_chunk(index))
+        return self.cache.get(key, lambda: self._convert_chunk(index))
 
     # -- reads ----------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:
         offset, size = _clip(offset, size, self.size)
+        out = bytearray(size)
+        n = self.read_into(offset, memoryview(out))
+        return bytes(out[:n])
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        offset, size = _clip(offset, len(buf), self.size)
         if size == 0:
-            return b""
+            return 0
         end = offset + size
         if not self.conversion.costly:
-            first = offset // self.block_out
-            last = (end + self.block_out - 1) // self.block_out
-            data = self._convert_blocks(first, last - first)
-            skip = offset - first * self.block_out
-            return data[skip:skip + size]
-        sequential = offset == self._last_end
-        self._last_end = end
-        pieces = []
+            bo = self.block_out
+            first = offset // bo
+            last = (end + bo - 1) // bo
+            if offset % bo == 0 and size % bo == 0:         # straight into the reply
+                self._convert_into(first, last - first, np.frombuffer(buf[:size], dtype=np.float32))
+                return size
+            tmp = bytearray((last - first) * bo)            # unaligned: in-process reads only
+            self._convert_into(first, last - first, np.frombuffer(tmp, dtype=np.float32))
+            skip = offset - first * bo
+            buf[:size] = memoryview(tmp)[skip:skip + size]
+            return size
         first_chunk = offset // self.chunk_out
         last_chunk = (end - 1) // self.chunk_out
+        # Sequential: this read starts in the chunk where the previous one ended, or the
+        # next (the kernel's read-ahead requests may come in slightly out of order).
+        previous = self._last_end
+        sequential = previous >= 0 and 0 <= first_chunk - (previous - 1) // self.chunk_out <= 1
+        self._last_end = end
+        pos = 0
         for index in range(first_chunk, last_chunk + 1):
-            chunk = self._chunk(index)
+            chunk = self._chunk(index, sequential)
             base = index * self.chunk_out
             lo = max(offset, base) - base
             hi = min(end, base + len(chunk)) - base
-            pieces.append(chunk[lo:hi])
+            buf[pos:pos + hi - lo] = chunk.data[lo:hi]
+            pos += hi - lo
         if sequential:
-            self._read_ahead(last_chunk + 1)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            for ahead in range(1, READ_AHEAD_CHUNKS + 1):
+                self._read_ahead(last_chunk + ahead)
+        return pos
 
     def _read_ahead(self, index: int) -> None:
-        if index * self.chunk_out >= self.size or self.cache.peek((self.key, index)):
+        key = (self.key, index)
+        if index * self.chunk_out >= self.size or self.stream.peek(key) or self.cache.peek(key):
             return
         pool = ConvertedView._pool()
         pool.submit(self._quiet_chunk, index)
 
     def _quiet_chunk(self, index: int) -> None:
         try:
-            self._chunk(index)
+            self._chunk(index, sequential=True)
         except Exception:      # a failed read-ahead is retried, and reported, by the real read
             pass
 
@@ -202,5 +354,6 @@ class ConvertedView:
     def _pool(cls) -> ThreadPoolExecutor:
         with cls._pool_lock:
             if cls._readahead_pool is None:
-                cls._readahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readahead")
+                cls._readahead_pool = ThreadPoolExecutor(max_workers=READ_AHEAD_WORKERS,
+                                                          thread_name_prefix="readahead")
             return cls._readahead_pool
