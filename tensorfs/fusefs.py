@@ -13,7 +13,7 @@ import os
 import stat
 import threading
 
-from fuse import FUSE, FuseOSError, Operations
+from fuse import FUSE, FuseOSError
 
 from tensorfs.namespace import DirNode, Tree
 from tensorfs.source import SourceError
@@ -28,7 +28,12 @@ BLOCK_SIZE = 1 << 20
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 
-class TensorFS(Operations):
+class TensorFS:
+    # Not a subclass of fusepy's Operations: fusepy registers every FUSE call the object
+    # has, and Operations has them all.  Left out here, opendir, releasedir, flush and
+    # release are answered by libfuse without a trip into Python: two fewer callbacks per
+    # directory a `find` walks (docs/serving.md).
+
     use_ns = True
 
     def __init__(self, tree: Tree, mtime_ns: int, uid: int, gid: int, on_ready=None):
@@ -38,6 +43,7 @@ class TensorFS(Operations):
         self.gid = gid
         self.on_ready = on_ready
         self._open_files: dict[int, object] = {}
+        self._nlink: dict[int, int] = {}
 
     # -- dispatch and the one errno mapping ---------------------------------------------------
     def __call__(self, op, *args):
@@ -64,8 +70,11 @@ class TensorFS(Operations):
     def _attrs(self, node) -> dict:
         times = dict(st_mtime=self.mtime_ns, st_ctime=self.mtime_ns, st_atime=self.mtime_ns)
         if isinstance(node, DirNode):
-            subdirs = sum(isinstance(c, DirNode) for c in node.children.values())
-            return dict(st_mode=stat.S_IFDIR | 0o555, st_nlink=2 + subdirs, st_size=0,
+            nlink = self._nlink.get(node.ino)
+            if nlink is None:     # the tree never changes: count a directory's subdirectories once
+                nlink = self._nlink[node.ino] = 2 + sum(
+                    isinstance(c, DirNode) for c in node.children.values())
+            return dict(st_mode=stat.S_IFDIR | 0o555, st_nlink=nlink, st_size=0,
                         st_ino=node.ino, st_uid=self.uid, st_gid=self.gid,
                         st_blksize=BLOCK_SIZE, **times)
         size = node.view.size
