@@ -258,7 +258,11 @@ def cmd_mount(args) -> int:
 
     if args.foreground:
         _setup_logging(args.log, debug)
-        return _serve(mounted, mountpoint, st, options, on_ready=None)
+        _write_pid_file(pid_file(mountpoint))     # so that unmount waits for this process too
+        try:
+            return _serve(mounted, mountpoint, st, options, on_ready=None)
+        finally:
+            _remove_pid_file(pid_file(mountpoint))
 
     log_file = args.log or default_log_file(mountpoint)
     ready_r, ready_w = os.pipe()
@@ -272,8 +276,7 @@ def cmd_mount(args) -> int:
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             _setup_logging(log_file, debug)
-            with open(pid_file(mountpoint), "w") as f:
-                f.write(f"{os.getpid()}\n")
+            _write_pid_file(pid_file(mountpoint))
 
             def ready():
                 os.write(ready_w, b"ok")
@@ -287,10 +290,7 @@ def cmd_mount(args) -> int:
             except OSError:
                 pass
         finally:
-            try:
-                os.unlink(pid_file(mountpoint))
-            except OSError:
-                pass
+            _remove_pid_file(pid_file(mountpoint))
             os._exit(code)
 
     os.close(ready_w)
@@ -355,17 +355,62 @@ def cmd_unmount(args) -> int:
             raise UserError(f"{args.mountpoint}: mount point is busy (a process is using it; "
                             f"--lazy detaches it now and unmounts when it is no longer used)")
         raise UserError(f"{args.mountpoint}: unmount failed: {detail}")
-    if pid is not None and not args.lazy:
+    if pid is None:
+        _remove_pid_file(pid_file(mountpoint))    # a daemon that died (SIGKILL) left it
+    elif not args.lazy:
         _wait_exit(pid)
     return 0
 
 
-def _read_pid(path: str) -> int | None:
+# -- the pid file: the daemon's pid, one line.  A daemon killed with SIGKILL leaves it behind,
+#    and its pid may be reused: a process that started after the file was written is not
+#    the one that wrote it (the file's mtime against /proc/PID/stat's start time).
+
+def _write_pid_file(path: str) -> None:
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.replace(tmp, path)
+
+
+def _remove_pid_file(path: str) -> None:
+    """Remove the pid file if it is this process's, or names no live daemon."""
+    try:
+        if _read_pid(path, check=False) in (None, os.getpid()) or _read_pid(path) is None:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def _started_at(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since the epoch (to about a second: boot time is)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _read_pid(path: str, check: bool = True) -> int | None:
+    """The daemon's pid from its pid file; None when there is none, or (``check``) when that
+    process is gone or is another one that got the pid after the daemon died."""
     try:
         with open(path) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
+            pid = int(f.read().split()[0])
+        written = os.stat(path).st_mtime
+    except (OSError, ValueError, IndexError):
         return None
+    if not check:
+        return pid
+    if not _running(pid):
+        return None
+    started = _started_at(pid)
+    if started is not None and started > written + 2:   # 2 s: boot time is whole seconds
+        return None
+    return pid
 
 
 def _running(pid: int) -> bool:

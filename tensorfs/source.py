@@ -37,8 +37,11 @@ import time
 log = logging.getLogger("tensorfs")
 
 
-FINGERPRINT_BYTES = 1 << 20     # the prefix the loader parsed the header from, hashed at
-FINGERPRINT_MARKS = tuple(4096 << k for k in range(9))   # 4 KiB, 8 KiB ... 1 MiB of it
+# The first bytes of the file, hashed at mount: no more than the loader's first prefix
+# (tensorfs.loader.FIRST_PREFIX_BYTES), so mounting reads nothing more (and it is in the
+# page cache already).  Hashes at 4, 8, 16, 32 and 64 KiB.
+FINGERPRINT_BYTES = 64 << 10
+FINGERPRINT_MARKS = tuple(4096 << k for k in range(5))
 PATH_CHECK_S = 1.0              # how often the path is checked for a rename-replacement
 
 

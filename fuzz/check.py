@@ -1,0 +1,592 @@
+"""What every fuzz input must satisfy, and the mutators that make the inputs.
+
+Shared by ``tests/test_fuzz.py`` (hypothesis, in the suite) and ``fuzz/fuzz_parsers.py``
+(atheris, for long runs), so both hold a parser to the same contract (issue 5):
+
+* every input either parses into a model whose every tensor lies inside the file
+  (``header_size <= offset`` and ``offset + nbytes <= file_size``, no two overlapping, sizes
+  consistent with dtype and shape), or raises the parser's own error type with a kind from
+  its ``KINDS`` / ``ERROR_KINDS`` and a one-line message; nothing else escapes;
+* fed a short prefix and grown the way ``tensorfs.loader`` grows it, the parser asks only
+  for more bytes of the file (``NeedMoreBytes`` makes progress, never past ``file_size``)
+  and ends with the same answer as on the whole buffer;
+* what a mount would build from an accepted model (names, view plans, metadata.json)
+  builds without an exception;
+* memory: ``tracemalloc``'s peak during a parse stays within ``PARSE_BYTES_PER_INPUT_BYTE``
+  times the input plus ``PARSE_FIXED_BYTES``; decoding every metadata value within
+  ``DECODE_BYTES_PER_INPUT_BYTE`` times the input plus the same constant.  A count or a
+  length the file merely claims must never size an allocation;
+* time: each input is checked under a ``signal.setitimer`` alarm; a hang raises
+  ``Violation`` instead of hanging the run.
+
+A failed property raises ``Violation`` (an ``AssertionError``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import struct
+import tracemalloc
+from contextlib import contextmanager
+
+from tensorfs.errors import GGUFError, SafetensorsError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats import gguf as gguf_format
+from tensorfs.formats import safetensors as st_format
+
+# Python objects cost more than the bytes they come from (a 26-byte GGUF tensor record
+# becomes a TensorInfo of some 500 bytes; a 4-byte float in an array a 32-byte float
+# object plus its list slot): these factors are what that costs at worst, with room.
+# They are still linear: a claimed count of 2**32 in a 300-byte file breaks them at once.
+PARSE_BYTES_PER_INPUT_BYTE = 48
+DECODE_BYTES_PER_INPUT_BYTE = 96
+PARSE_FIXED_BYTES = 2 << 20
+TIME_LIMIT_S = 5.0              # per input of at most a few hundred KiB (none is near it)
+
+BOUNDARY_VALUES = (0, 1, 2, 3, 4, 5, 7, 8, 31, 32, 255, 256, 2**16 - 1, 2**16,
+                   2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 + 1, 2**63 - 1, 2**63,
+                   2**64 - 1)
+
+PARSERS = {
+    "gguf": (gguf_format.parse_gguf, GGUFError, frozenset(gguf_format.KINDS)),
+    "safetensors": (st_format.parse_safetensors, SafetensorsError,
+                    frozenset(st_format.ERROR_KINDS)),
+}
+
+
+class Violation(AssertionError):
+    """An input broke the contract above."""
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm; a BaseException so no ``except Exception`` in the parser eats it."""
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise ``Violation`` if the body runs longer than ``seconds`` (main thread only)."""
+    def on_alarm(signum, frame):
+        raise _Timeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Timeout:
+        raise Violation(f"input not handled within {seconds} s (a hang)") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _Peak:
+    """tracemalloc's peak over a block, in bytes above what was traced when it began."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def __enter__(self):
+        self._started = not tracemalloc.is_tracing()
+        if self._started:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        self._base = tracemalloc.get_traced_memory()[0]
+        return self
+
+    def __exit__(self, *exc):
+        self.bytes = tracemalloc.get_traced_memory()[1] - self._base
+        if self._started:
+            tracemalloc.stop()
+        return False
+
+
+def _outcome(model_or_error):
+    """What two parses must agree on."""
+    if isinstance(model_or_error, Exception):
+        e = model_or_error
+        return ("error", type(e).__name__, e.kind, e.offset, e.message)
+    m = model_or_error
+    return ("model", m.header_size, m.file_size, m.alignment, m.endianness, tuple(m.metadata),
+            tuple((t.name, t.dtype, t.shape, t.offset, t.nbytes) for t in m.tensors))
+
+
+def _parse_whole(fmt: str, data: bytes, memory: bool):
+    parse, error_type, kinds = PARSERS[fmt]
+    peak = _Peak() if memory else None
+    try:
+        if peak:
+            with peak:
+                result = parse(data, len(data), path="fuzz")
+        else:
+            result = parse(data, len(data), path="fuzz")
+    except error_type as error:
+        result = error
+    except NeedMoreBytes as more:
+        raise Violation(f"{fmt}: NeedMoreBytes({more.needed}) with the whole "
+                        f"{len(data)}-byte file in hand") from None
+    except Exception as error:
+        raise Violation(f"{fmt}: {type(error).__name__} escaped the parser: {error}") from error
+    if peak and peak.bytes > PARSE_BYTES_PER_INPUT_BYTE * len(data) + PARSE_FIXED_BYTES:
+        raise Violation(f"{fmt}: parsing {len(data)} bytes peaked at {peak.bytes} bytes "
+                        "of allocations")
+    return result, (peak.bytes if peak else 0)
+
+
+def _check_error(fmt: str, error, data: bytes) -> None:
+    _, _, kinds = PARSERS[fmt]
+    if error.kind not in kinds:
+        raise Violation(f"{fmt}: error kind {error.kind!r} is not in the parser's list")
+    text = str(error)
+    if "\n" in text or "\r" in text or not text:
+        raise Violation(f"{fmt}: error message is not one line: {text!r}")
+    if error.offset is not None and (type(error.offset) is not int or error.offset < 0):
+        raise Violation(f"{fmt}: error offset {error.offset!r}")
+
+
+def _check_model(fmt: str, model, data: bytes, memory: bool) -> int:
+    from tensorfs.dtypes import GGML_TYPES, SAFETENSORS_DTYPES
+
+    size = len(data)
+    if model.file_size != size or not 0 <= model.header_size <= size:
+        raise Violation(f"{fmt}: file_size {model.file_size}, header_size {model.header_size} "
+                        f"for a {size}-byte file")
+    spans = []
+    names = set()
+    for t in model.tensors:
+        if t.name in names:
+            raise Violation(f"{fmt}: tensor {t.name!r} twice")
+        names.add(t.name)
+        if not (model.header_size <= t.offset and t.nbytes >= 0
+                and t.offset + t.nbytes <= size):
+            raise Violation(f"{fmt}: tensor {t.name!r} at [{t.offset}, {t.offset + t.nbytes}) "
+                            f"is not inside the data of a {size}-byte file "
+                            f"(header {model.header_size})")
+        count = 1
+        for d in t.shape:
+            if type(d) is not int or d < 0:
+                raise Violation(f"{fmt}: tensor {t.name!r} shape {t.shape}")
+            count *= d
+        if fmt == "gguf":
+            gt = GGML_TYPES[t.ggml_type]
+            want = count // gt.block_size * gt.type_size
+            if count % gt.block_size:
+                raise Violation(f"{fmt}: {t.name!r}: {count} elements of {gt.name}")
+        else:
+            want = count * SAFETENSORS_DTYPES[t.dtype].bits // 8
+        if want != t.nbytes:
+            raise Violation(f"{fmt}: tensor {t.name!r} {t.dtype} {t.shape} has nbytes "
+                            f"{t.nbytes}, its shape says {want}")
+        if t.nbytes:
+            spans.append((t.offset, t.offset + t.nbytes, t.name))
+    spans.sort()
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise Violation(f"{fmt}: tensors {an!r} and {bn!r} overlap")
+
+    peak = _Peak() if memory else None
+    try:
+        if peak:
+            with peak:
+                for value in model.metadata.values():
+                    value.value()
+        else:
+            for value in model.metadata.values():
+                value.value()
+    except Exception as error:
+        raise Violation(f"{fmt}: decoding a metadata value raised {error!r}") from error
+    if peak and peak.bytes > DECODE_BYTES_PER_INPUT_BYTE * size + PARSE_FIXED_BYTES:
+        raise Violation(f"{fmt}: decoding the metadata of {size} bytes peaked at "
+                        f"{peak.bytes} bytes")
+    _check_downstream(fmt, model)
+    return peak.bytes if peak else 0
+
+
+def _check_downstream(fmt: str, model) -> None:
+    """What a mount builds from the model, short of FUSE, must not raise either."""
+    from tensorfs.metadata_json import metadata_document, metadata_json_bytes
+    from tensorfs.model import Model
+    from tensorfs.mounttree import describe
+
+    try:
+        whole = Model.single(model)
+        for layout in ("tree", "flat"):
+            paths, plans = describe(whole, layout)
+            raw = [paths[t.name].raw for t in model.tensors]
+            if len(set(raw)) != len(raw):
+                raise Violation(f"{fmt}: two tensors share a path in the {layout} layout")
+        json.loads(metadata_json_bytes(metadata_document(whole, paths, plans)))
+    except Violation:
+        raise
+    except Exception as error:
+        raise Violation(f"{fmt}: building the mount's description raised {error!r}") from error
+
+
+def _parse_grown(fmt: str, data: bytes, first: int):
+    """The loader's loop, with the smallest growth the parser asks for."""
+    parse, error_type, _ = PARSERS[fmt]
+    size = len(data)
+    n = min(size, first)
+    for step in range(10_000):
+        try:
+            return parse(data[:n], size, path="fuzz")
+        except error_type as error:
+            return error
+        except NeedMoreBytes as more:
+            if not n < more.needed <= size:
+                raise Violation(f"{fmt}: with {n} of {size} bytes the parser asked for "
+                                f"{more.needed}") from None
+            # the loader doubles; after a few exact steps, do the same to stay linear
+            n = more.needed if step < 32 else min(size, max(more.needed, 2 * n))
+        except Exception as error:
+            raise Violation(f"{fmt}: {type(error).__name__} escaped the parser on a "
+                            f"{n}-byte prefix: {error}") from error
+    raise Violation(f"{fmt}: the prefix never grew to an answer")
+
+
+def check(data: bytes, fmt: str, *, memory: bool = True, prefix: int | None = 16,
+          seconds: float | None = TIME_LIMIT_S) -> dict:
+    """Check one input against one parser; raises ``Violation``.  Returns what happened:
+    ``{"outcome": "model" | kind, "parse_peak": bytes, "decode_peak": bytes}``."""
+    data = bytes(data)
+
+    def run():
+        result, parse_peak = _parse_whole(fmt, data, memory)
+        decode_peak = 0
+        if isinstance(result, Exception):
+            _check_error(fmt, result, data)
+        else:
+            decode_peak = _check_model(fmt, result, data, memory)
+        if prefix is not None and prefix < len(data):
+            grown = _parse_grown(fmt, data, prefix)
+            if _outcome(grown) != _outcome(result):
+                raise Violation(f"{fmt}: a {prefix}-byte first prefix gives "
+                                f"{_outcome(grown)[:3]}, the whole file {_outcome(result)[:3]}")
+        return {"outcome": "model" if not isinstance(result, Exception) else result.kind,
+                "parse_peak": parse_peak, "decode_peak": decode_peak}
+
+    if seconds is None:
+        return run()
+    with time_limit(seconds):
+        return run()
+
+
+def check_both(data: bytes, **kwargs) -> dict:
+    """Every input through both parsers: each must refuse the other's files properly too."""
+    return {fmt: check(data, fmt, **kwargs) for fmt in PARSERS}
+
+
+# ---------------------------------------------------------------------------------------
+# Seeds: the valid files of the test suite.
+# ---------------------------------------------------------------------------------------
+
+def gguf_seeds() -> list[bytes]:
+    from tests import gguf_corpus as corpus
+
+    seeds = [corpus.valid_gguf(v, order) for v in (1, 2, 3) for order in "<>"]
+    try:
+        seeds.append(_written_gguf())
+    except Exception:               # pragma: no cover - gguf-py missing
+        pass
+    return seeds
+
+
+def _written_gguf() -> bytes:
+    """A file from gguf-py's writer: every value type, quantized and native tensors."""
+    import os
+    import tempfile
+
+    import numpy as np
+    import gguf
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "w.gguf")
+        writer = gguf.GGUFWriter(path, "llama")
+        writer.add_uint32("u", 7)
+        writer.add_array("a.str", ["x", "", "yz"])
+        writer.add_array("a.nested", [[1, 2], [3]])
+        writer.add_float64("f", 0.5)
+        writer.add_tensor("q8", np.zeros((2, 34), np.uint8), raw_shape=(2, 32),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor("q4k", np.zeros((1, 144), np.uint8), raw_shape=(1, 256),
+                          raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        writer.add_tensor("bf", np.zeros((4, 2), np.uint8), raw_shape=(4,),
+                          raw_dtype=gguf.GGMLQuantizationType.BF16)
+        writer.add_tensor("f32", np.arange(6, dtype=np.float32).reshape(2, 3))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def safetensors_seeds() -> list[bytes]:
+    import numpy as np
+    from safetensors.numpy import save
+
+    from tests import safetensors_corpus as corpus
+
+    seeds = [
+        save({"a.w": np.arange(6, dtype=np.float32).reshape(2, 3),
+              "b": np.array([1, 2, 3], np.int8), "z": np.zeros((0,), np.float64)},
+             metadata={"format": "pt", "k": "v"}),
+        corpus.build([("f4", corpus.tensor("F4", [2, 2], 0, 2)),
+                      ("bf", corpus.tensor("BF16", [3], 2, 8)),
+                      ("s", corpus.tensor("U8", [], 8, 9))], {"x": "\u00e9"}, bytes(range(9))),
+    ]
+    seeds += [data for _, data in corpus.VALID_ODD if len(data) < 4096]
+    return seeds
+
+
+# ---------------------------------------------------------------------------------------
+# GGUF: where every length, count, type and offset field of a valid file lies.
+# ---------------------------------------------------------------------------------------
+
+def gguf_fields(data: bytes) -> list[tuple[int, int, str]]:
+    """``(offset, width, role)`` of every numeric field in the header of a *valid* GGUF
+    (anything else: ``ValueError``; the walk trusts the counts, so it checks them first)."""
+    try:
+        gguf_format.parse_gguf(data, len(data))
+    except GGUFError as error:
+        raise ValueError(f"not a valid GGUF: {error}") from None
+    version_le = int.from_bytes(data[4:8], "little")
+    order = "<" if version_le in (1, 2, 3) else ">"
+    version = version_le if order == "<" else int.from_bytes(data[4:8], "big")
+    cw = 4 if version == 1 else 8
+    u32 = struct.Struct(order + "I").unpack_from
+    cnt = struct.Struct(order + ("I" if cw == 4 else "Q")).unpack_from
+    fields = [(4, 4, "version")]
+    pos = 8
+    fields.append((pos, cw, "n_tensors"))
+    n_tensors = cnt(data, pos)[0]
+    pos += cw
+    fields.append((pos, cw, "n_kv"))
+    n_kv = cnt(data, pos)[0]
+    pos += cw
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def string(role):
+        nonlocal pos
+        fields.append((pos, cw, role))
+        n = cnt(data, pos)[0]
+        pos += cw + n
+
+    def value(vtype, role):
+        nonlocal pos
+        if vtype == 8:
+            string(role + ".string_length")
+        elif vtype == 9:
+            fields.append((pos, 4, role + ".array_type"))
+            etype = u32(data, pos)[0]
+            pos += 4
+            fields.append((pos, cw, role + ".array_length"))
+            n = cnt(data, pos)[0]
+            pos += cw
+            for _ in range(n):
+                value(etype, role + "[]")
+        else:
+            pos += sizes[vtype]
+
+    for i in range(n_kv):
+        string(f"kv{i}.key_length")
+        fields.append((pos, 4, f"kv{i}.value_type"))
+        vtype = u32(data, pos)[0]
+        pos += 4
+        value(vtype, f"kv{i}")
+    for i in range(n_tensors):
+        string(f"t{i}.name_length")
+        fields.append((pos, 4, f"t{i}.n_dims"))
+        n_dims = u32(data, pos)[0]
+        pos += 4
+        for d in range(n_dims):
+            fields.append((pos, cw, f"t{i}.ne{d}"))
+            pos += cw
+        fields.append((pos, 4, f"t{i}.ggml_type"))
+        pos += 4
+        fields.append((pos, 8, f"t{i}.offset"))
+        pos += 8
+    return fields
+
+
+def gguf_order(data: bytes) -> str:
+    return "<" if int.from_bytes(data[4:8], "little") in (1, 2, 3) else ">"
+
+
+def set_field(data: bytes, at: int, width: int, value: int, order: str) -> bytes:
+    out = bytearray(data)
+    out[at:at + width] = (value % (1 << (8 * width))).to_bytes(
+        width, "little" if order == "<" else "big")
+    return bytes(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Mutators, driven by a random.Random (hypothesis hands one in; atheris seeds one).
+# ---------------------------------------------------------------------------------------
+
+def _boundary(rng: random.Random, size: int) -> int:
+    choice = rng.random()
+    if choice < 0.7:
+        return rng.choice(BOUNDARY_VALUES)
+    if choice < 0.85:
+        return size + rng.randint(-16, 16)
+    return rng.getrandbits(rng.choice((8, 16, 32, 64)))
+
+
+def mutate_bytes(data: bytes, rng: random.Random, pool=(), hot_end: int | None = None) -> bytes:
+    """1-4 generic mutations: bit flips, bytes, boundary integers at any position in either
+    byte order, truncation, insertion, deletion, duplication and splicing from ``pool``.
+    Positions favour the first ``hot_end`` bytes (the header)."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        if not out:
+            out += bytes(rng.randint(1, 16))
+        end = len(out) if hot_end is None or rng.random() < 0.1 else min(len(out), hot_end)
+        pos = rng.randrange(max(end, 1))
+        op = rng.randrange(9)
+        if op == 0:
+            out[pos] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            out[pos] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        elif op in (2, 3):
+            width = rng.choice((1, 2, 4, 8))
+            value = _boundary(rng, len(out)) % (1 << (8 * width))
+            out[pos:pos + width] = value.to_bytes(width, rng.choice(("little", "big")))
+        elif op == 4:
+            del out[rng.randrange(len(out) + 1):]
+        elif op == 5:
+            out[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op == 6:
+            del out[pos:pos + rng.randint(1, 16)]
+        elif op == 7:
+            n = rng.randint(1, 64)
+            out[pos:pos] = out[pos:pos + n] * rng.randint(1, 4)
+        elif pool:
+            other = rng.choice(pool)
+            a = rng.randrange(len(other))
+            out[pos:pos + rng.randint(0, 32)] = other[a:a + rng.randint(1, 64)]
+    return bytes(out)
+
+
+def mutate_gguf(seed: bytes, rng: random.Random, pool=()) -> bytes:
+    """Set 1-3 header fields of a valid GGUF to boundary values (in its own byte order),
+    then maybe one generic mutation on top."""
+    fields = gguf_fields(seed)
+    order = gguf_order(seed)
+    data = seed
+    for _ in range(rng.randint(1, 3)):
+        at, width, _ = rng.choice(fields)
+        value = _boundary(rng, len(data))
+        if rng.random() < 0.2:
+            old = int.from_bytes(data[at:at + width], "little" if order == "<" else "big")
+            value = old + rng.choice((-1, 1, -2, 2, 16, -16))
+        data = set_field(data, at, width, value, order)
+    if rng.random() < 0.3:
+        hot = fields[-1][0] + fields[-1][1]
+        data = mutate_bytes(data, rng, pool, hot)
+    return data
+
+
+def _json_boundary(rng: random.Random):
+    return rng.choice([
+        rng.choice(BOUNDARY_VALUES), -1, -0, 2**64, 2**65, 10**30, 1.5, -0.0, 1e308, "1",
+        None, True, [], {}, [1], rng.randint(0, 64)])
+
+
+def _header_of(seed: bytes):
+    n = struct.unpack_from("<Q", seed)[0]
+    text = seed[8:8 + n].decode("utf-8")
+    return json.loads(text, object_pairs_hook=list), seed[8 + n:]
+
+
+class _Obj(list):
+    """A JSON object as a list of (key, value) pairs, so duplicate keys survive."""
+
+
+def _render(node, rng: random.Random, compact: bool) -> str:
+    sep = (",", ":") if compact else (", ", " : ")
+    if isinstance(node, _Obj):
+        return "{" + sep[0].join(json.dumps(k, ensure_ascii=rng.random() < 0.5) + sep[1]
+                                 + _render(v, rng, compact) for k, v in node) + "}"
+    if isinstance(node, list):
+        return "[" + sep[0].join(_render(x, rng, compact) for x in node) + "]"
+    return json.dumps(node)
+
+
+def _pairs_loads(text: str):
+    return json.loads(text, object_pairs_hook=_Obj)
+
+
+def mutate_safetensors(seed: bytes, rng: random.Random, pool=()) -> bytes:
+    """Mutate the JSON header of a valid safetensors file as a structure (dtype, shape and
+    data_offsets to boundary values or wrong types, fields dropped or duplicated, tensors
+    duplicated or renamed, deep nesting, odd metadata), re-frame it with the right length
+    (or a boundary one) and keep, cut or extend the data."""
+    from tensorfs.dtypes import SAFETENSORS_DTYPES
+
+    n = struct.unpack_from("<Q", seed)[0]
+    top = _pairs_loads(seed[8:8 + n].decode("utf-8"))
+    data = bytearray(seed[8 + n:])
+    top = _Obj(top) if isinstance(top, _Obj) else _Obj()
+    for _ in range(rng.randint(1, 3)):
+        tensors = [i for i, (k, v) in enumerate(top) if k != "__metadata__"]
+        op = rng.randrange(10)
+        if op <= 3 and tensors:
+            i = rng.choice(tensors)
+            name, entry = top[i]
+            entry = _Obj(entry) if isinstance(entry, _Obj) else _Obj()
+            field = rng.choice(("dtype", "shape", "data_offsets", "extra"))
+            keys = [k for k, _ in entry]
+            if field == "dtype":
+                value = rng.choice(list(SAFETENSORS_DTYPES) + ["f32", "", "F32 ", "Q4_K", 3])
+            elif field == "shape":
+                value = [_json_boundary(rng) if rng.random() < 0.5 else rng.randint(0, 9)
+                         for _ in range(rng.choice((0, 1, 2, 3, 8, 40)))]
+            elif field == "data_offsets":
+                value = [rng.choice((_json_boundary(rng), len(data), rng.randint(0, 64)))
+                         for _ in range(rng.choice((2, 2, 2, 0, 1, 3)))]
+            else:
+                depth = rng.choice((1, 2, 126, 127, 128, 200))
+                value = json.loads("[" * depth + "]" * depth) if depth < 150 else \
+                    [_json_boundary(rng)]
+            if field in keys and rng.random() < 0.8:
+                entry[keys.index(field)] = (field, value)
+            elif rng.random() < 0.3 and keys:
+                del entry[rng.randrange(len(entry))]
+            else:
+                entry.append((field, value))
+            top[i] = (name, entry)
+        elif op == 4 and tensors:                     # a duplicate tensor
+            top.append(top[rng.choice(tensors)])
+        elif op == 5 and tensors:                     # rename
+            i = rng.choice(tensors)
+            top[i] = (rng.choice(("", "__metadata__", "a" * 300, "\x00", "\ud800", "x")),
+                      top[i][1])
+        elif op == 6:                                  # metadata
+            value = rng.choice((_Obj([("k", "v")]), _Obj([("k", 1)]), None, [], "s", _Obj(),
+                                _Obj([("k", "v"), ("k", "w")]),
+                                _Obj([("\u00e9", "\U0001f600")])))
+            top.insert(0, ("__metadata__", value))
+        elif op == 7:                                  # many tensors (what counts cost)
+            for j in range(rng.choice((2, 50, 500))):
+                top.append((f"m{j}", _Obj([("dtype", "U8"), ("shape", [0]),
+                                           ("data_offsets", [0, 0])])))
+        elif op == 8:
+            del data[rng.randrange(len(data) + 1):]
+        else:
+            data += bytes(rng.choice((1, 7, 8, 64)))
+    try:
+        text = _render(top, rng, rng.random() < 0.7)
+    except (TypeError, ValueError):
+        text = "{}"
+    raw = text.encode("utf-8", "surrogatepass")
+    if rng.random() < 0.5:
+        raw += b" " * (-len(raw) % 8)
+    length = len(raw)
+    if rng.random() < 0.15:
+        length = _boundary(rng, len(raw)) % (1 << 64)
+    out = struct.pack("<Q", length) + raw + bytes(data)
+    if rng.random() < 0.2:
+        out = mutate_bytes(out, rng, pool, 8 + len(raw))
+    return out
