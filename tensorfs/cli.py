@@ -105,12 +105,7 @@ def main(argv=None) -> int:
     except UsageError as error:
         print(f"tensorfs: error: {error}", file=sys.stderr)
         return 2
-    except ModelError as error:
-        if debug:
-            raise
-        print(f"tensorfs: error: {error.one_line()}", file=sys.stderr)
-        return 1
-    except UserError as error:
+    except (ModelError, UserError) as error:      # a ModelError's str() is its one line
         if debug:
             raise
         print(f"tensorfs: error: {error}", file=sys.stderr)

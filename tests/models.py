@@ -51,13 +51,18 @@ def write_gguf(path, *, big_endian: bool = False, seed: int = 0, tensors=None) -
                 info = np.iinfo(dtype)
                 array = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
             tensors[f"blk.{i}.{np.dtype(dtype).name}.weight"] = array
-    for name, array in tensors.items():
+    finish_gguf(writer, tensors)
+    return tensors
+
+
+def finish_gguf(writer: "gguf.GGUFWriter", tensors: dict | None = None) -> None:
+    """Add ``tensors`` (name -> array) and write the file out, as every GGUF test does."""
+    for name, array in (tensors or {}).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return tensors
 
 
 SAFETENSORS_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32,

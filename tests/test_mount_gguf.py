@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import gguf
 
-from tests.models import GGUF_ARRAYS, GGUF_KV, write_gguf
+from tests.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
 
 TYPE_NAMES = {t: t.name.lower() for t in gguf.GGUFValueType}
 
@@ -191,10 +191,7 @@ def test_vocabulary_only_file_mounts(tmp_path, mount):
     writer = gguf.GGUFWriter(str(path), "llama")
     tokens = [f"tok{i}" for i in range(1000)] + ["a\nb", ""]
     writer.add_token_list(tokens)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     mnt = mount(path)
     doc = _paths(mnt)
     assert doc["tensors"] == {} and doc["metadata"]["tokenizer.ggml.tokens"] == tokens

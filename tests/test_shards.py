@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.models import finish_gguf
 
 INDEX = "model.safetensors.index.json"
 
@@ -85,12 +86,7 @@ def write_split_gguf(directory: Path, *, per_shard: int = 3, tensors=None,
     writer = gguf.GGUFWriter(str(directory / f"{stem}.gguf"), "llama", split_max_tensors=per_shard)
     writer.add_name("split test")
     writer.add_array("tokenizer.ggml.tokens", ["<s>", "hello", "a\nb"])
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, tensors)
     files = sorted(directory.glob(f"{stem}-*-of-*.gguf"))
     assert len(files) == -(-len(tensors) // per_shard)
     return files, tensors
@@ -105,12 +101,7 @@ def write_gguf_shard(path: Path, tensors: dict, *, no=None, count=None, total=No
         writer.add_key_value("split.count", count, gguf.GGUFValueType.UINT16)
     if total is not None:
         writer.add_key_value("split.tensors.count", total, gguf.GGUFValueType.INT32)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer, tensors)
     return path
 
 
