@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -50,11 +52,25 @@ def mixed(tmp_path):
     return model, write_mixed_gguf(model)
 
 
-def test_truncated_model_gives_eio_past_the_cut_and_serves_the_rest(tmp_path, mount, mixed):
+class LiveMount(NamedTuple):
+    model: Path         # the mounted file, for the test to damage
+    exp: dict           # what write_mixed_gguf wrote, tensor by tensor
+    mnt: Path
+    log: Path           # the daemon's log
+    pid: int
+
+
+@pytest.fixture
+def live(tmp_path, mount, mixed):
+    """The mixed model mounted with a log: the starting point of each fault below."""
     model, exp = mixed
     log = tmp_path / "daemon.log"
     mnt = mount(model, "--log", log)
-    pid = daemon_pid(mnt)
+    return LiveMount(model, exp, mnt, log, daemon_pid(mnt))
+
+
+def test_truncated_model_gives_eio_past_the_cut_and_serves_the_rest(live):
+    model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()
     cut = c.offset + 600_000                   # inside the BF16 tensor
     os.truncate(model, cut)
@@ -82,11 +98,8 @@ def test_truncated_model_gives_eio_past_the_cut_and_serves_the_rest(tmp_path, mo
     assert "Traceback" not in text
 
 
-def test_rewritten_in_place_same_size_fails_every_read(tmp_path, mount, mixed):
-    model, exp = mixed
-    log = tmp_path / "daemon.log"
-    mnt = mount(model, "--log", log)
-    pid = daemon_pid(mnt)
+def test_rewritten_in_place_same_size_fails_every_read(live):
+    model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()
     with open(model, "r+b") as f:              # one tensor's bytes changed, size kept
         f.seek(d.offset + 1000)
@@ -103,12 +116,9 @@ def test_rewritten_in_place_same_size_fails_every_read(tmp_path, mount, mixed):
     assert text.count("every read of it now fails with EIO") == 1
 
 
-def test_copied_over_with_another_model_fails_every_read(tmp_path, mount, mixed):
+def test_copied_over_with_another_model_fails_every_read(tmp_path, live):
     """``cp other.gguf model.gguf`` while mounted: truncate to 0, then new bytes."""
-    model, exp = mixed
-    log = tmp_path / "daemon.log"
-    mnt = mount(model, "--log", log)
-    pid = daemon_pid(mnt)
+    model, exp, mnt, log, pid = live
     other = tmp_path / "other.gguf"
     write_mixed_gguf(other, seed=1)
     subprocess.run(["cp", str(other), str(model)], check=True)
@@ -118,12 +128,9 @@ def test_copied_over_with_another_model_fails_every_read(tmp_path, mount, mixed)
     assert "every read of it now fails with EIO" in _log(log)
 
 
-def test_replaced_by_rename_keeps_serving_the_mounted_file(tmp_path, mount, mixed):
+def test_replaced_by_rename_keeps_serving_the_mounted_file(tmp_path, live):
     """The daemon's descriptor holds the old inode: old, consistent bytes; the log says so."""
-    model, exp = mixed
-    log = tmp_path / "daemon.log"
-    mnt = mount(model, "--log", log)
-    pid = daemon_pid(mnt)
+    model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()
     _assert_serves(mnt, a)
     new = tmp_path / "model.gguf.new"
@@ -137,10 +144,8 @@ def test_replaced_by_rename_keeps_serving_the_mounted_file(tmp_path, mount, mixe
     assert "EIO" not in _log(log)
 
 
-def test_deleted_model_keeps_serving(tmp_path, mount, mixed):
-    model, exp = mixed
-    log = tmp_path / "daemon.log"
-    mnt = mount(model, "--log", log)
+def test_deleted_model_keeps_serving(live):
+    model, exp, mnt, log, _ = live
     os.unlink(model)
     for t in exp.values():
         _assert_serves(mnt, t)
