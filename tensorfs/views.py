@@ -40,9 +40,7 @@ def fill_from(view, offset: int, buf: memoryview) -> int:
     read_into = getattr(view, "read_into", None)
     if read_into is not None:
         return read_into(offset, buf)
-    data = view.read(offset, len(buf))
-    buf[:len(data)] = data
-    return len(data)
+    return _copy_into(buf, view.read(offset, len(buf)))
 
 
 def _copy_into(buf: memoryview, data) -> int:
