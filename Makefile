@@ -8,14 +8,16 @@ BUILD  := build
 .PHONY: all system-deps venv test-venv demo test bench fuzz clean
 all: test
 
-# Debian's FUSE: libfuse2 is what fusepy loads, fuse3 brings fusermount.
+# Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds) and fusermount; libfuse2 is what
+# fusepy loads (the tests' slow FUSE source, bench/passthrough.py).
 system-deps:
-	@if ldconfig -p | grep -q 'libfuse\.so\.2 ' && command -v fusermount >/dev/null; then :; else \
+	@if ldconfig -p | grep -q 'libfuse3\.so\.3 ' && ldconfig -p | grep -q 'libfuse\.so\.2 ' \
+	    && command -v fusermount >/dev/null && command -v getfattr >/dev/null; then :; else \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install fuse3 and libfuse2 (apt-get)" >&2; exit 1; fi; \
-	  echo "installing fuse3 and libfuse2 ..."; \
+	  echo "installing fuse3, libfuse2 and attr (getfattr, for the xattr tests) ..."; \
 	  apt-get update -qq && \
-	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2 \
-	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2t64; }; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2 attr \
+	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2t64 attr; }; \
 	fi
 	@[ -e /dev/fuse ] || { echo "/dev/fuse is missing: this machine cannot mount FUSE filesystems" >&2; exit 1; }
 

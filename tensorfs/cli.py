@@ -212,7 +212,6 @@ def _setup_logging(log_file: str | None, debug: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("fuse").setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 def _fsname(model_path: str) -> str:
@@ -223,11 +222,9 @@ def _fsname(model_path: str) -> str:
 def fuse_options(args, model_path: str) -> dict:
     options = {
         "ro": True,                    # every write is refused by the kernel with EROFS
-        "kernel_cache": True,          # the model is immutable: keep pages across opens
-        "attr_timeout": 86400,         # ... and attributes, names and misses for a day
-        "entry_timeout": 86400,
-        "negative_timeout": 86400,
-        "use_ino": True,               # our stable inode numbers, not libfuse's
+        "attr_timeout": 86400,         # the model is immutable: attributes, names and
+        "entry_timeout": 86400,        # misses are cached for a day (pages and listings
+        "negative_timeout": 86400,     # stay cached across opens: tensorfs.fuse3)
         "default_permissions": True,   # the kernel checks the 0444/0555 modes
         "fsname": _fsname(model_path),
         "subtype": "tensorfs",         # shows as fuse.tensorfs in mount / mountinfo
@@ -314,13 +311,16 @@ def _wait_ready(fd: int, pid: int) -> str:
 
 
 def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> int:
-    from tensorfs.fusefs import TensorFS, ZeroCopyFUSE
+    from tensorfs.fuse3 import FuseUnavailable
+    from tensorfs.fusefs import serve
 
-    ops = TensorFS(mounted.tree, st.st_mtime_ns, st.st_uid, st.st_gid, on_ready=on_ready)
     log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
              len(mounted.model.tensors))
     try:
-        ZeroCopyFUSE(ops, mountpoint, foreground=True, **options)
+        serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
+              options=options, on_ready=on_ready)
+    except FuseUnavailable as error:
+        raise UserError(str(error)) from None
     finally:
         mounted.close()
         log.info("unmounted %s", mountpoint)

@@ -202,6 +202,10 @@ class ArrayTextView:
             return self._ends
 
     @property
+    def cheap_size(self) -> bool:
+        return self._ends is not None
+
+    @property
     def size(self) -> int:
         ends = self._layout()
         return ends[-1] if ends else 0

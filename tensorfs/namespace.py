@@ -144,18 +144,14 @@ class Tree:
 
     Inode numbers are handed out in the order nodes are added: the same model gives the
     same numbers at every mount.  Directories are found by their path in one dict, so
-    adding a file costs the same however deep it lies.
+    adding a file costs the same however deep it lies; every node by its inode number in
+    one list (8 bytes a node), which is how FUSE asks for them.
     """
 
     def __init__(self):
         self.root = DirNode(1)
         self._dirs: dict[str, DirNode] = {"": self.root}
-        self._next_ino = 2
-
-    def _take_ino(self) -> int:
-        ino = self._next_ino
-        self._next_ino += 1
-        return ino
+        self._by_ino: list = [None, self.root]
 
     def add_dir(self, path: str) -> DirNode:
         node = self._dirs.get(path)
@@ -164,7 +160,8 @@ class Tree:
             parent = self.add_dir(parent_path)
             if name in parent.children:
                 raise TreeConflict(f"{path}: is a file")
-            node = parent.children[name] = self._dirs[path] = DirNode(self._take_ino())
+            node = parent.children[name] = self._dirs[path] = DirNode(len(self._by_ino))
+            self._by_ino.append(node)
         return node
 
     def add_file(self, path: str, view, xattrs=None) -> FileNode:
@@ -173,12 +170,17 @@ class Tree:
         children = parent.children
         if leaf in children:
             raise TreeConflict(f"{path}: exists already")
-        node = children[leaf] = FileNode(view, xattrs, self._next_ino)
-        self._next_ino += 1
+        by_ino = self._by_ino
+        node = children[leaf] = FileNode(view, xattrs, len(by_ino))
+        by_ino.append(node)
         return node
 
+    def node(self, ino: int):
+        """The node with this inode number, or None."""
+        return self._by_ino[ino] if 0 < ino < len(self._by_ino) else None
+
     def lookup(self, path: str):
-        """The node at an absolute FUSE path ("/a/b"), or None."""
+        """The node at an absolute path ("/a/b"), or None."""
         node = self.root
         if path in ("/", ""):
             return node

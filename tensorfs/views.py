@@ -8,6 +8,9 @@
 - ``ConvertedView``: a tensor converted to float32 block by block, only for the bytes a
   reader asks for (``tensorfs.convert`` supplies the kernels).
 
+``cheap_size`` says whether ``size`` costs next to nothing (a listing then gives it unasked,
+so that ``ls -l`` needs no lookup per file) or may have to generate content first.
+
 Each also has ``read_into(offset, buf) -> n``: the same bytes written into a writable buffer
 (the one the FUSE reply is sent from), so that the hot path builds no bytes object and copies
 once — see docs/serving.md.  ``fill_from(view, offset, buf)`` gives any view that interface.
@@ -50,6 +53,8 @@ def _copy_into(buf: memoryview, data) -> int:
 
 
 class RawView:
+    cheap_size = True
+
     def __init__(self, source: ModelSource, offset: int, nbytes: int):
         self.source = source
         self.offset = offset
@@ -85,6 +90,10 @@ class GeneratedView:
             self.content()
         return self._size
 
+    @property
+    def cheap_size(self) -> bool:
+        return self._size is not None
+
     def read(self, offset: int, size: int) -> bytes:
         return self.content()[offset:offset + max(size, 0)]
 
@@ -109,6 +118,8 @@ def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
 class NpyView:
     """An .npy file: header + the data view.  The header is built on first use, so a tree
     of 100k tensors costs nothing per tensor until one is looked at."""
+
+    cheap_size = True       # the header takes ~6 us to build, a FUSE round trip far more
 
     def __init__(self, descr: str, shape: tuple[int, ...], data_view):
         self.descr = descr
@@ -244,6 +255,7 @@ class ConvertedView:
     when the read is block-aligned (every kernel read is), and keep nothing.
     """
 
+    cheap_size = True
     _readahead_pool: ThreadPoolExecutor | None = None
     _pool_lock = threading.Lock()
 
