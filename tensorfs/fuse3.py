@@ -208,7 +208,8 @@ class Session:
 
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
-                 negative_timeout: float = 86400.0, errno_of=lambda exc: errno.EIO):
+                 negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
+                 errno_of=lambda exc: errno.EIO):
         self.fs = fs
         self.lib = libfuse()
         self.errno_of = errno_of
@@ -220,7 +221,9 @@ class Session:
         self._pinned = threading.local()
         self._buffers: list[ctypes.Array] = []
         self._buffers_lock = threading.Lock()
-        self._se = None
+        self.read_ahead_kib = read_ahead_kib
+        self._mountpoint = None
+        self._tune_pending = False
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -258,6 +261,8 @@ class Session:
             if not getattr(pinned, "yes", False):
                 ctypes.pythonapi.PyGILState_Ensure()
                 pinned.yes = True
+                if self._tune_pending:          # the first request after INIT is some
+                    self._raise_read_ahead()    # thread's first: no check on the hot path
             try:
                 method(req, *args)
             except FsError as exc:
@@ -270,10 +275,32 @@ class Session:
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
         # directory before it descends, and every entry without attributes costs a LOOKUP.
         conn.contents.want &= ~FUSE_CAP_READDIRPLUS_AUTO
+        self._tune_pending = self.read_ahead_kib > 0
         try:
             self.fs.on_init()
         except Exception:
             log.exception("init failed")
+
+    def _raise_read_ahead(self) -> None:
+        """Let the kernel read ahead ``read_ahead_kib`` on this mount.
+
+        libfuse 3 accepts requests of up to 1 MiB, but the kernel sends a sequential reader's
+        reads in read-ahead windows, 128 KiB by default for a FUSE mount, and the INIT reply
+        can only lower that.  The mount's own backing device takes a larger window through
+        sysfs (root only), once INIT is done: hence here, on a first request.  Benchmark
+        rows 1 and 4 (docs/serving.md)."""
+        self._tune_pending = False
+        from tensorfs.runtime import mount_device
+        device = mount_device(self._mountpoint)
+        path = f"/sys/class/bdi/{device}/read_ahead_kb"
+        try:
+            with open(path) as f:
+                if int(f.read()) >= self.read_ahead_kib:
+                    return
+            with open(path, "w") as f:
+                f.write(str(self.read_ahead_kib))
+        except (OSError, ValueError) as error:
+            log.info("read-ahead stays at the kernel's default: %s", error)
 
     def _lookup(self, req, parent, name):
         try:
@@ -392,6 +419,7 @@ class Session:
             argv_list += [b"-o", ",".join(mount_options).encode("utf-8", "surrogateescape")]
         argv = (ctypes.c_char_p * (len(argv_list) + 1))(*argv_list, None)
         args = FuseArgs(len(argv_list), argv, 0)
+        self._mountpoint = mountpoint
         se = lib.fuse_session_new(ctypes.byref(args), ops, ctypes.sizeof(ops), None)
         if not se:
             raise FuseUnavailable(f"libfuse refused the mount options: {','.join(mount_options)}")

@@ -19,6 +19,10 @@ log = logging.getLogger("tensorfs")
 # Readers such as cp and cat size their buffers from st_blksize.
 BLOCK_SIZE = 1 << 20
 
+# The kernel's read-ahead window on the mount: one libfuse 3 request (its largest), rather
+# than the 128 KiB default (tensorfs.fuse3.Session._raise_read_ahead; benchmark row 1).
+READ_AHEAD_KIB = 1024
+
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
 KEEP_LISTING_ENTRIES = 64
@@ -120,7 +124,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int, opt
         options.pop(always, None)
     fs = TensorFS(tree, on_ready)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
-                      errno_of=fs.errno_of, **timeouts)
+                      read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, **timeouts)
     mount_options = [key if value is True else f"{key}={value}"
                      for key, value in options.items() if value is not False]
     session.serve(mountpoint, mount_options, threads=threads)

@@ -44,11 +44,11 @@ def _unescape_mountinfo(field: str) -> str:
     return "".join(out)
 
 
-def mount_type(mountpoint: str) -> str | None:
-    """The filesystem type mounted exactly at ``mountpoint`` ("fuse.tensorfs" ...), or None.
+def _mountinfo(mountpoint: str) -> tuple[str, str] | None:
+    """(device "major:minor", filesystem type) of what is mounted exactly at ``mountpoint``.
 
     Read from /proc/self/mountinfo, which also lists a FUSE mount whose daemon died (a stat
-    of it fails with ENOTCONN, so os.path.ismount cannot see it).
+    of it fails with ENOTCONN, so os.path.ismount cannot see it).  The last mount wins.
     """
     real = os.path.realpath(mountpoint)
     found = None
@@ -58,7 +58,19 @@ def mount_type(mountpoint: str) -> str | None:
                 left, _, right = line.partition(" - ")
                 fields = left.split()
                 if len(fields) >= 5 and _unescape_mountinfo(fields[4]) == real:
-                    found = right.split()[0] if right else "unknown"
+                    found = fields[2], right.split()[0] if right else "unknown"
     except OSError:
         return None
     return found
+
+
+def mount_type(mountpoint: str) -> str | None:
+    """The filesystem type mounted exactly at ``mountpoint`` ("fuse.tensorfs" ...), or None."""
+    found = _mountinfo(mountpoint)
+    return found[1] if found else None
+
+
+def mount_device(mountpoint: str) -> str | None:
+    """The device ("0:54") of the mount at ``mountpoint``: its /sys/class/bdi entry's name."""
+    found = _mountinfo(mountpoint)
+    return found[0] if found else None
