@@ -42,7 +42,10 @@ demo: venv
 test: test-venv
 	$(BIN)/python -m pytest -q tests
 
+# libfuse3-dev and pkg-config: to build row 7's floor, the smallest C daemon (bench/floor/).
 bench: test-venv
+	@command -v pkg-config >/dev/null && pkg-config --exists fuse3 || \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev pkg-config
 	$(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run.py
 

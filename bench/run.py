@@ -5,7 +5,8 @@ the same run, on models this script writes itself.
 
 Run by ``make bench``.  Mounts go through the real command (``python -m tensorfs mount``,
 daemonized, as a user runs it); the references are a minimal fusepy passthrough
-(bench/passthrough.py), a direct ``os.preadv`` of the model file, ``numpy.fromfile``,
+(bench/passthrough.py), the smallest C daemon serving the same tree (bench/floor/treefs.c,
+row 7), a direct ``os.preadv`` of the model file, ``numpy.fromfile``,
 ``gguf.quants.dequantize`` / ``gguf.GGUFReader`` / ``safetensors.safe_open`` in-process, and
 ``ls``/``find`` over the same tree of empty files on tmpfs.  Writes ``docs/benchmarks.md``
 (between the results markers; the hand-kept history below them stays) and
@@ -586,17 +587,53 @@ def row_parallel(b: Bench) -> None:
                  beside=mbps(*min(beside, key=lambda r: r[1])))
 
 
-def _mirror_tree(src_mnt: str, dst: str) -> int:
-    """The mount's tree as empty files (same names, dirs) under dst; returns the file count."""
+def _mirror_tree(src_mnt: str, dst: str, paths_file: str) -> int:
+    """The mount's tree as empty files (same names, dirs) under dst, and their paths, one a
+    line, in paths_file (the C floor's input); returns the file count."""
     count = 0
-    for root, dirs, files in os.walk(src_mnt):
-        rel = os.path.relpath(root, src_mnt)
-        target = os.path.join(dst, rel)
-        os.makedirs(target, exist_ok=True)
-        for name in files:
-            open(os.path.join(target, name), "wb").close()
-            count += 1
+    with open(paths_file, "w", encoding="utf-8", errors="surrogateescape") as listing:
+        for root, dirs, files in os.walk(src_mnt):
+            rel = os.path.relpath(root, src_mnt)
+            target = os.path.join(dst, rel)
+            os.makedirs(target, exist_ok=True)
+            for name in files:
+                open(os.path.join(target, name), "wb").close()
+                listing.write(os.path.normpath(os.path.join(rel, name)) + "\n")
+                count += 1
     return count
+
+
+def _floor_binary(b: Bench) -> str | None:
+    """bench/floor/treefs.c compiled (row 7's floor), or None where the fuse3 headers or a
+    compiler are missing (make bench installs them)."""
+    out = os.path.join(b.work, "treefs-floor")
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True)
+    if flags.returncode != 0:
+        b.notes.append("row 7's C floor was not built: no fuse3 headers (apt-get install libfuse3-dev pkg-config)")
+        return None
+    done = subprocess.run(["cc", "-O2", "-o", out, os.path.join(HERE, "floor", "treefs.c"), *flags.stdout.split()],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        b.notes.append(f"row 7's C floor did not compile: {done.stderr.strip()[:200]}")
+        return None
+    return out
+
+
+@contextmanager
+def floor_mount(b: Bench, binary: str, paths_file: str):
+    mnt = b._fresh_dir("f")
+    proc = subprocess.Popen([binary, paths_file, mnt])
+    deadline = time.monotonic() + 60
+    while not _mounted(mnt):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the C floor did not mount")
+        time.sleep(0.005)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["fusermount", "-u", mnt], capture_output=True)
+        proc.wait(timeout=30)
+        os.rmdir(mnt)
 
 
 def _timed(cmd: list[str]) -> float:
@@ -607,16 +644,20 @@ def _timed(cmd: list[str]) -> float:
 
 def row_tree(b: Bench) -> None:
     """7: ls -lR and find over 10k / 100k tensors (each has a raw file and a .npy), first run
-    on a fresh mount and second run, vs the same tree of empty files on tmpfs."""
+    on a fresh mount and second run, vs the same tree of empty files on tmpfs, and vs the
+    same tree served by the smallest C FUSE daemon (bench/floor/treefs.c: what FUSE round
+    trips alone cost here)."""
     a = b.args
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else b.work
     print("row 7: ls -lR / find", flush=True)
+    floor = _floor_binary(b)
     for n in a.tree_sizes:
         model = tree_model(b, n)
         ref = os.path.join(shm, f"tensorfs-bench-tree-{n}")
+        paths_file = os.path.join(b.work, f"tree-{n}.paths")
         shutil.rmtree(ref, ignore_errors=True)
         with b.mount(model) as (mnt, _, _):
-            files = _mirror_tree(mnt, ref)
+            files = _mirror_tree(mnt, ref, paths_file)
         res = {"files": files}
         for tool, cmd in (("ls", ["ls", "-lR"]), ("find", ["find"])):
             firsts, seconds, refs = [], [], []
@@ -630,6 +671,10 @@ def row_tree(b: Bench) -> None:
             res[f"{tool}_tmpfs_s"] = min(refs)
             with b.mount(model, "-o", "nothreads") as (mnt, _, _):
                 res[f"{tool}_nothreads_first_s"] = _timed([*cmd, mnt])
+            if floor:
+                with floor_mount(b, floor, paths_file) as mnt:
+                    res[f"{tool}_floor_first_s"] = _timed([*cmd, mnt])
+                    res[f"{tool}_floor_second_s"] = _timed([*cmd, mnt])
         shutil.rmtree(ref, ignore_errors=True)
         b.record(f"7_tree_{n}", **res)
 
@@ -686,9 +731,15 @@ def machine() -> dict:
         fusepy = md.version("fusepy")
     except Exception:
         fusepy = "?"
+    try:
+        from tensorfs.fuse3 import libfuse
+        version = libfuse().version
+        libfuse3 = f"{version // 100}.{version % 100}"
+    except Exception:
+        libfuse3 = "?"
     return {"nproc": os.cpu_count(), "cpu": cpu, "memory": mem, "kernel": platform.release(),
             "python": platform.python_version(), "numpy": numpy.__version__, "fusepy": fusepy,
-            "fusermount": fuse_ver}
+            "libfuse3": libfuse3, "fusermount": fuse_ver}
 
 
 def _ratio(x, y):
@@ -788,6 +839,12 @@ def table(r: dict) -> list[tuple]:
                 add("7", f"`{name}`, {n:,} tensors, fresh mount, `-o nothreads` vs tmpfs",
                     f"{x[f'{tool}_nothreads_first_s']:.2f} s", f"{x[f'{tool}_tmpfs_s']:.2f} s",
                     _ratio(x[f"{tool}_nothreads_first_s"], x[f"{tool}_tmpfs_s"]))
+            if f"{tool}_floor_first_s" in x:
+                for run in ("first", "second"):
+                    add("7f", f"`{name}`, {n:,} tensors, {'fresh mount' if run == 'first' else 'second run'}"
+                        " vs the C floor (bench/floor/treefs.c, same run)",
+                        f"{x[f'{tool}_{run}_s']:.2f} s", f"{x[f'{tool}_floor_{run}_s']:.2f} s",
+                        _ratio(x[f"{tool}_{run}_s"], x[f"{tool}_floor_{run}_s"]))
     for key in (k for k in r if k.startswith("8_rss_")):
         x = r[key]
         cache = key.split("_")[-1]
@@ -812,8 +869,11 @@ def write_report(b: Bench, command: str, elapsed: float) -> None:
              f"Run {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}, "
              f"{elapsed / 60:.1f} min, with:", "", "```", command, "```", "",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']} RAM, Linux {m['kernel']}, "
-             f"Python {m['python']}, numpy {m['numpy']}, fusepy {m['fusepy']} over libfuse 2 "
-             f"({m['fusermount']}).  Cold reads drop the page cache with: {b.drop_method or 'n/a'}.",
+             f"Python {m['python']}, numpy {m['numpy']}; tensorfs on libfuse {m['libfuse3']} "
+             f"(low-level API, tensorfs/fuse3.py), the passthrough reference on fusepy {m['fusepy']} "
+             f"over libfuse 2 ({m['fusermount']}).  Cold reads drop the page cache with: "
+             f"{b.drop_method or 'n/a'}.",
+             *(f"Note: {note}." for note in b.notes),
              f"Load average when the run ended: {os.getloadavg()[0]:.2f} (other work on the machine "
              f"shares its CPUs: compare ratios, not absolute figures, across runs).  "
              f"Best of {b.args.repeat} runs each; readers use read(2) into a reused "

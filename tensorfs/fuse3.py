@@ -399,7 +399,8 @@ class Session:
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True,
               debug: bool = False) -> None:
-        """Mount, serve until unmounted or SIGINT/SIGTERM/SIGHUP, unmount."""
+        """Mount at ``mountpoint`` (a resolved path), serve until unmounted or
+        SIGINT/SIGTERM/SIGHUP, unmount."""
         lib = self.lib
         handlers = {"init": self._init, "lookup": self._guarded(self._lookup),
                     "getattr": self._guarded(self._getattr),

@@ -44,13 +44,13 @@ def _unescape_mountinfo(field: str) -> str:
     return "".join(out)
 
 
-def _mountinfo(mountpoint: str) -> tuple[str, str] | None:
-    """(device "major:minor", filesystem type) of what is mounted exactly at ``mountpoint``.
+def _mountinfo(real: str) -> tuple[str, str] | None:
+    """(device "major:minor", filesystem type) of what is mounted exactly at the resolved
+    path ``real``.
 
     Read from /proc/self/mountinfo, which also lists a FUSE mount whose daemon died (a stat
     of it fails with ENOTCONN, so os.path.ismount cannot see it).  The last mount wins.
     """
-    real = os.path.realpath(mountpoint)
     found = None
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
@@ -66,11 +66,13 @@ def _mountinfo(mountpoint: str) -> tuple[str, str] | None:
 
 def mount_type(mountpoint: str) -> str | None:
     """The filesystem type mounted exactly at ``mountpoint`` ("fuse.tensorfs" ...), or None."""
-    found = _mountinfo(mountpoint)
+    found = _mountinfo(os.path.realpath(mountpoint))
     return found[1] if found else None
 
 
-def mount_device(mountpoint: str) -> str | None:
-    """The device ("0:54") of the mount at ``mountpoint``: its /sys/class/bdi entry's name."""
-    found = _mountinfo(mountpoint)
+def mount_device(real_mountpoint: str) -> str | None:
+    """The device ("0:54") of the mount at ``real_mountpoint``: its /sys/class/bdi entry's
+    name.  The path must be resolved already: resolving it would stat the mount, and a
+    single-threaded daemon asking about its own mount waits for itself."""
+    found = _mountinfo(real_mountpoint)
     return found[0] if found else None
