@@ -158,7 +158,6 @@ def _load():
     P, sz, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
     lib.version = lib.fuse_version()
     fn("fuse_reply_err", ctypes.c_int, P, ctypes.c_int)
-    fn("fuse_reply_none", None, P)
     fn("fuse_reply_entry", ctypes.c_int, P, ctypes.POINTER(EntryParam))
     fn("fuse_reply_attr", ctypes.c_int, P, ctypes.POINTER(Stat), ctypes.c_double)
     fn("fuse_reply_buf", ctypes.c_int, P, P, sz)
@@ -177,7 +176,6 @@ def _load():
         fn("fuse_session_loop_mt_312", ctypes.c_int, P, P)
         fn("fuse_loop_cfg_create", P)
         fn("fuse_loop_cfg_destroy", None, P)
-        fn("fuse_loop_cfg_set_max_threads", None, P, ctypes.c_uint)
     else:
         fn("fuse_session_loop_mt_32", ctypes.c_int, P, P)
     return lib
@@ -191,6 +189,10 @@ def libfuse():
     if _lib is None:
         _lib = _load()
     return _lib
+
+
+# "." and "..": a name and a type, never attributes (the kernel knows both directories).
+_DOTS = ((b".", Entry(ROOT_INO, True, None, 2)), (b"..", Entry(ROOT_INO, True, None, 2)))
 
 
 class _LoopConfig32(ctypes.Structure):         # struct fuse_loop_config before 3.12
@@ -353,13 +355,13 @@ class Session:
         e.attr_timeout, e.entry_timeout = self.attr_timeout, self.entry_timeout
         add_plus, add = self.lib.fuse_add_direntry_plus, self.lib.fuse_add_direntry
         for index in range(offset, len(entries) + 2):
-            if index < 2:                       # "." and "..": no attributes to give
-                name, entry = (b".", b"..")[index], Entry(ROOT_INO, True, None, 2)
+            if index < 2:
+                name, entry = _DOTS[index]
             else:
                 text, entry = entries[index - 2]
                 name = text.encode("utf-8", "surrogateescape")
             if plus:
-                if entry.size is None or index < 2:
+                if entry.size is None:
                     e.ino = 0                   # a name and a type only
                     e.attr.st_ino = entry.ino
                     e.attr.st_mode = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
@@ -402,8 +404,7 @@ class Session:
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
     # -- the loop -------------------------------------------------------------------------------
-    def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True,
-              debug: bool = False) -> None:
+    def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True) -> None:
         """Mount at ``mountpoint`` (a resolved path), serve until unmounted or
         SIGINT/SIGTERM/SIGHUP, unmount."""
         lib = self.lib
@@ -420,7 +421,7 @@ class Session:
         for name, cb in self._callbacks.items():
             ops[OPS_SLOTS.index(name)] = ctypes.cast(cb, ctypes.c_void_p)
 
-        argv_list = [b"tensorfs"] + ([b"-d"] if debug else [])
+        argv_list = [b"tensorfs"]
         if mount_options:
             argv_list += [b"-o", ",".join(mount_options).encode("utf-8", "surrogateescape")]
         argv = (ctypes.c_char_p * (len(argv_list) + 1))(*argv_list, None)

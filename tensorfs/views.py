@@ -203,7 +203,7 @@ class _ChunkBuffers:
 _BUFFERS = _ChunkBuffers(keep=STREAM_BYTES // CHUNK_OUTPUT_BYTES)
 # Stored bytes of the blocks being converted, read into a reused buffer.  Shared, not per
 # thread: libfuse threads come and go, and a buffer per thread would go with them only if
-# their Python thread state did (it does not: tensorfs.fusefs.ZeroCopyFUSE keeps it).
+# their Python thread state did (it does not: tensorfs.fuse3.Session._guarded keeps it).
 _SCRATCH = _ChunkBuffers(keep=8)
 
 
