@@ -102,17 +102,18 @@ class Bench:
         return None
 
     @contextmanager
-    def passthrough(self, source: str, offset: int, size: int):
-        mnt = self._fresh_dir("p")
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "passthrough.py"), source,
-                                 str(offset), str(size), mnt], env=self.env, cwd=self.work)
-        deadline = time.monotonic() + 30
+    def foreground_daemon(self, tag: str, argv: list[str], timeout: float = 60):
+        """A reference daemon that serves in the foreground, mounted at ``argv``'s mount point
+        (appended here); yields the mount point, unmounts and waits for the daemon."""
+        mnt = self._fresh_dir(tag)
+        proc = subprocess.Popen([*argv, mnt], env=self.env, cwd=self.work)
+        deadline = time.monotonic() + timeout
         while not _mounted(mnt):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("passthrough did not mount")
+                raise RuntimeError(f"{' '.join(argv)}: did not mount")
             time.sleep(0.005)
         try:
-            yield os.path.join(mnt, "data")
+            yield mnt
         finally:
             subprocess.run(["fusermount", "-u", mnt], capture_output=True)
             try:
@@ -121,6 +122,12 @@ class Bench:
                 proc.kill()
                 proc.wait()
             os.rmdir(mnt)
+
+    @contextmanager
+    def passthrough(self, source: str, offset: int, size: int):
+        argv = [sys.executable, os.path.join(HERE, "passthrough.py"), source, str(offset), str(size)]
+        with self.foreground_daemon("p", argv) as mnt:
+            yield os.path.join(mnt, "data")
 
     def drop_cache(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)
@@ -619,23 +626,6 @@ def _floor_binary(b: Bench) -> str | None:
     return out
 
 
-@contextmanager
-def floor_mount(b: Bench, binary: str, paths_file: str):
-    mnt = b._fresh_dir("f")
-    proc = subprocess.Popen([binary, paths_file, mnt])
-    deadline = time.monotonic() + 60
-    while not _mounted(mnt):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the C floor did not mount")
-        time.sleep(0.005)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["fusermount", "-u", mnt], capture_output=True)
-        proc.wait(timeout=30)
-        os.rmdir(mnt)
-
-
 def _timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -672,7 +662,7 @@ def row_tree(b: Bench) -> None:
             with b.mount(model, "-o", "nothreads") as (mnt, _, _):
                 res[f"{tool}_nothreads_first_s"] = _timed([*cmd, mnt])
             if floor:
-                with floor_mount(b, floor, paths_file) as mnt:
+                with b.foreground_daemon("f", [floor, paths_file]) as mnt:
                     res[f"{tool}_floor_first_s"] = _timed([*cmd, mnt])
                     res[f"{tool}_floor_second_s"] = _timed([*cmd, mnt])
         shutil.rmtree(ref, ignore_errors=True)
