@@ -12,10 +12,10 @@ inode-based and lets this module
   ``LOOKUP`` per directory;
 - take reads of up to 1 MiB (libfuse 3 negotiates ``FUSE_MAX_PAGES``).
 
-docs/serving.md has the measurements.  The filesystem object given to ``serve`` answers in
-plain Python values (``Entry`` tuples, bytes, counts) and raises ``OSError`` with an errno;
-``errno_of`` (also given) turns any other exception into an errno, so the mapping of errors
-lives with the filesystem, not here.
+docs/serving.md has the measurements.  The filesystem object given to ``Session`` answers
+in plain Python values (``Entry`` tuples, bytes, counts) and raises ``FsError(errno)`` for a
+deliberate answer; ``errno_of`` (also given) turns any other exception into an errno, so
+the mapping of errors lives with the filesystem, not here.
 """
 
 from __future__ import annotations
@@ -360,18 +360,17 @@ class Session:
             else:
                 text, entry = entries[index - 2]
                 name = text.encode("utf-8", "surrogateescape")
+            kind = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
             if plus:
                 if entry.size is None:
                     e.ino = 0                   # a name and a type only
-                    e.attr.st_ino = entry.ino
-                    e.attr.st_mode = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+                    e.attr.st_ino, e.attr.st_mode = entry.ino, kind
                 else:
                     e.ino = entry.ino
                     self._fill_stat(e.attr, entry)
                 n = add_plus(req, ctypes.addressof(buf) + used, size - used, name, e, index + 1)
             else:
-                st.st_ino = entry.ino
-                st.st_mode = stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+                st.st_ino, st.st_mode = entry.ino, kind
                 n = add(req, ctypes.addressof(buf) + used, size - used, name, st, index + 1)
             if n > size - used:
                 break
