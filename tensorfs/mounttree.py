@@ -23,8 +23,6 @@ class MountedModel:
     model: Model
     tree: Tree
     sources: dict[str, ModelSource]
-    paths: dict[str, TensorPaths]
-    plans: dict[str, ViewPlan]
     cache: ByteLRU
 
     def close(self) -> None:
@@ -77,7 +75,8 @@ def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths]
 
 
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedModel:
-    paths, plans = describe(model, layout)
+    """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
+    read, and the tensors' files when their directory is first looked into."""
     sources = {f.path: ModelSource(f.path, f.file_size) for f in model.files}
     tree = Tree()
 
@@ -90,18 +89,23 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
         tree.add_file("header.bin", RawView(sources[f.path], 0, f.header_size))
 
     def produce_metadata_json() -> bytes:
+        paths, plans = describe(model, layout)
         return metadata_json_bytes(metadata_document(model, paths, plans))
 
     tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
     add_metadata_files(tree, model, cache)
 
-    for tensor in model.tensors:
+    tensors = model.tensors
+    plans_by_type: dict[tuple, ViewPlan] = {}
+
+    def make_files(i: int):
+        tensor = tensors[i]
+        key = (tensor.dtype, tensor.ggml_type, tensor.byte_order)
+        plan = plans_by_type.get(key)
+        if plan is None:
+            plan = plans_by_type[key] = plan_view(tensor)
         source = sources[tensor.file]
         raw = RawView(source, tensor.offset, tensor.nbytes)
-        xattrs = TensorXattrs(tensor)
-        path = paths[tensor.name]
-        tree.add_file(path.raw, raw, xattrs)
-        plan = plans[tensor.name]
         if plan.kind == "native":
             view = NpyView(plan.npy_dtype, tensor.shape, raw)
         elif plan.kind == "converted":
@@ -109,7 +113,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
                                       cache, ("chunk", tensor.name), tensor.n_elements)
             view = NpyView("<f4", tensor.shape, converted)
         else:
-            continue
-        tree.add_file(path.npy, view, xattrs)
+            view = None
+        return raw, view, TensorXattrs(tensor)
 
-    return MountedModel(model, tree, sources, paths, plans, cache)
+    tree.add_tensors([t.name for t in tensors], layout, make_files)
+    return MountedModel(model, tree, sources, cache)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from typing import NamedTuple
 
 RESERVED_TOP_LEVEL = frozenset({"header.bin", "headers", "metadata.json", "metadata"})
@@ -76,6 +77,29 @@ class TensorPaths(NamedTuple):
     npy: str        # its .npy view (if it has one)
 
 
+def tree_component(component: str, top: bool, memo: dict | None = None) -> str:
+    """One component of a name as a file or directory name in the tree layout (rules 2-4)."""
+    part = memo.get(component) if memo is not None else None
+    if part is None:
+        part = _fit(escape_component(component), component)
+        if memo is not None:
+            memo[component] = part
+    if top and part in RESERVED_TOP_LEVEL:
+        part = _escape_reserved(part)
+    return part
+
+
+def flat_path(name: str) -> str:
+    """A whole name as one file name in the flat layout (rules 2-4 and 6)."""
+    path = ".".join(escape_component(c) for c in name.split("."))
+    if path.endswith(".npy"):
+        path = path[:-4] + "%2Enpy"
+    path = _fit(path, name)
+    if path in RESERVED_TOP_LEVEL:
+        path = _escape_reserved(path)
+    return path
+
+
 def tensor_paths(names, layout: str = "tree") -> dict[str, TensorPaths]:
     """name -> paths of the tensor's files, relative to the mount, for every name."""
     if layout not in ("tree", "flat"):
@@ -83,25 +107,13 @@ def tensor_paths(names, layout: str = "tree") -> dict[str, TensorPaths]:
     paths: dict[str, str] = {}
     escaped_parts: dict[str, str] = {}       # models repeat "weight", "layers", "0" ...
     for name in names:
-        components = name.split(".")
         if layout == "flat":
-            path = ".".join(escape_component(c) for c in components)
-            if path.endswith(".npy"):
-                path = path[:-4] + "%2Enpy"
-            path = _fit(path, name)
-            if path in RESERVED_TOP_LEVEL:
-                path = _escape_reserved(path)
+            paths[name] = flat_path(name)
         else:
-            parts = []
-            for c in components:
-                part = escaped_parts.get(c)
-                if part is None:
-                    part = escaped_parts[c] = _fit(escape_component(c), c)
-                parts.append(part)
-            if parts[0] in RESERVED_TOP_LEVEL:
-                parts[0] = _escape_reserved(parts[0])
-            path = "/".join(parts)
-        paths[name] = path
+            components = name.split(".")
+            paths[name] = "/".join([tree_component(components[0], True, escaped_parts)]
+                                   + [tree_component(c, False, escaped_parts)
+                                      for c in components[1:]])
     directories = set()
     if layout == "tree":
         for path in paths.values():
@@ -127,12 +139,31 @@ class FileNode:
         self.ino = ino
 
 
-class DirNode:
-    __slots__ = ("children", "ino")
+# One lock for every directory's first expansion: FUSE threads may ask for the same
+# directory at once, and an expansion must happen exactly once.
+_EXPANDING = threading.Lock()
 
-    def __init__(self, ino: int):
-        self.children: dict[str, FileNode | DirNode] = {}
+
+class DirNode:
+    """A directory.  Its entries may be placed when first asked for (``expand``, a function
+    that fills ``_entries``); ``children`` is the complete mapping either way."""
+
+    __slots__ = ("_entries", "ino", "_expand")
+
+    def __init__(self, ino: int, expand=None):
+        self._entries: dict[str, FileNode | DirNode] = {}
         self.ino = ino
+        self._expand = expand
+
+    @property
+    def children(self) -> dict:
+        if self._expand is not None:
+            with _EXPANDING:
+                expand = self._expand
+                if expand is not None:
+                    expand(self)
+                    self._expand = None     # only now: a reader never sees half the entries
+        return self._entries
 
 
 class TreeConflict(ValueError):
@@ -142,42 +173,57 @@ class TreeConflict(ValueError):
 class Tree:
     """Directories and files addressed by "/"-separated paths relative to the root.
 
-    Inode numbers are handed out in the order nodes are added: the same model gives the
-    same numbers at every mount.  Directories are found by their path in one dict, so
-    adding a file costs the same however deep it lies; every node by its inode number in
-    one list (8 bytes a node), which is how FUSE asks for them.
+    Two ways in.  ``add_file``/``add_dir`` place a few generated files at once; their inode
+    numbers are handed out in the order they are added.  ``add_tensors`` (called after
+    them) places a model's tensors lazily: a directory's entries are made the first time
+    the directory is looked into, so a mount costs nothing per tensor, and inode numbers
+    are a function of the names alone (``_TensorPlacer``), the same however and whenever
+    the tree is walked, and at every mount of the same model.
     """
 
     def __init__(self):
         self.root = DirNode(1)
         self._dirs: dict[str, DirNode] = {"": self.root}
-        self._by_ino: list = [None, self.root]
+        self._by_ino: dict[int, FileNode | DirNode] = {1: self.root}
+        self._next_ino = 2
+
+    def _new_ino(self) -> int:
+        ino = self._next_ino
+        self._next_ino += 1
+        return ino
 
     def add_dir(self, path: str) -> DirNode:
         node = self._dirs.get(path)
         if node is None:
             parent_path, _, name = path.rpartition("/")
             parent = self.add_dir(parent_path)
-            if name in parent.children:
+            if name in parent._entries:
                 raise TreeConflict(f"{path}: is a file")
-            node = parent.children[name] = self._dirs[path] = DirNode(len(self._by_ino))
-            self._by_ino.append(node)
+            node = parent._entries[name] = self._dirs[path] = DirNode(self._new_ino())
+            self._by_ino[node.ino] = node
         return node
 
     def add_file(self, path: str, view, xattrs=None) -> FileNode:
         parent_path, _, leaf = path.rpartition("/")
         parent = self._dirs.get(parent_path) or self.add_dir(parent_path)
-        children = parent.children
-        if leaf in children:
+        entries = parent._entries
+        if leaf in entries:
             raise TreeConflict(f"{path}: exists already")
-        by_ino = self._by_ino
-        node = children[leaf] = FileNode(view, xattrs, len(by_ino))
-        by_ino.append(node)
+        node = entries[leaf] = FileNode(view, xattrs, self._new_ino())
+        self._by_ino[node.ino] = node
         return node
+
+    def add_tensors(self, names: list[str], layout: str, make_files) -> None:
+        """Place tensor ``i``'s files where ``tensor_paths`` says, when first asked for.
+        ``make_files(i)`` gives ``(raw_view, npy_view or None, xattrs)``."""
+        if layout not in ("tree", "flat"):
+            raise ValueError(f"unknown layout {layout!r}")
+        placer = _TensorPlacer(self, names, layout, make_files)
+        self.root._expand = placer.expand_root
 
     def node(self, ino: int):
         """The node with this inode number, or None."""
-        return self._by_ino[ino] if 0 < ino < len(self._by_ino) else None
+        return self._by_ino.get(ino)
 
     def lookup(self, path: str):
         """The node at an absolute path ("/a/b"), or None."""
@@ -191,3 +237,70 @@ class Tree:
             if node is None:
                 return None
         return node
+
+
+class _TensorPlacer:
+    """Makes one directory's tensor entries at a time, by the rules of ``tensor_paths``.
+
+    A directory still to be expanded holds the indices of the names below it and where, in
+    each name, its next component starts.  Inode numbers: tensor ``i``'s raw file is
+    ``first + 2i``, its view ``first + 2i + 1``; a directory whose first name (in model
+    order) is ``i`` and which is component ``d`` of that name is
+    ``first + 2n + i * depth_limit + d`` — distinct, and known without the rest of the tree.
+    """
+
+    def __init__(self, tree: Tree, names: list[str], layout: str, make_files):
+        self.tree, self.names, self.flat, self.make_files = tree, names, layout == "flat", make_files
+        self.first_file_ino = tree._next_ino
+        self.first_dir_ino = self.first_file_ino + 2 * len(names)
+        self.depth_limit = 1 + max((name.count(".") for name in names), default=0)
+        tree._next_ino = self.first_dir_ino + len(names) * self.depth_limit
+        self.memo: dict[str, str] = {}       # models repeat "weight", "layers", "0" ...
+
+    def expand_root(self, root: DirNode) -> None:
+        self._expand(root, range(len(self.names)), None, 0)
+
+    def _expand(self, directory: DirNode, members, starts, depth: int) -> None:
+        names, flat = self.names, self.flat
+        groups: dict[str, list] = {}     # component -> [its own tensor, [deeper], [starts]]
+        for k, i in enumerate(members):
+            name = names[i]
+            start = 0 if starts is None else starts[k]
+            dot = -1 if flat else name.find(".", start)
+            component = name[start:] if dot < 0 else name[start:dot]
+            group = groups.get(component)
+            if group is None:
+                group = groups[component] = [None, [], []]
+            if dot < 0:
+                group[0] = i
+            else:
+                group[1].append(i)
+                group[2].append(dot + 1)
+        entries, by_ino = directory._entries, self.tree._by_ino
+        top = depth == 0
+        for component, (own, deeper, deeper_starts) in groups.items():
+            part = flat_path(component) if flat else tree_component(component, top, self.memo)
+            if deeper and (own is None or deeper[0] < own):
+                self._add_dir(entries, by_ino, part, deeper, deeper_starts, depth)
+            if own is not None:
+                raw_name = part + ".raw" if deeper else part     # rule 5
+                self._add_files(entries, by_ino, raw_name, part + ".npy", own)
+            if deeper and own is not None and own < deeper[0]:
+                self._add_dir(entries, by_ino, part, deeper, deeper_starts, depth)
+
+    def _add_dir(self, entries, by_ino, part, members, starts, depth) -> None:
+        if part in entries:
+            raise TreeConflict(f"{part}: exists already")
+        ino = self.first_dir_ino + members[0] * self.depth_limit + depth
+        entries[part] = by_ino[ino] = DirNode(
+            ino, lambda d: self._expand(d, members, starts, depth + 1))
+
+    def _add_files(self, entries, by_ino, raw_name, npy_name, i) -> None:
+        raw_view, npy_view, xattrs = self.make_files(i)
+        ino = self.first_file_ino + 2 * i
+        for name, view, node_ino in ((raw_name, raw_view, ino), (npy_name, npy_view, ino + 1)):
+            if view is None:
+                continue
+            if name in entries:
+                raise TreeConflict(f"{name}: exists already")
+            entries[name] = by_ino[node_ino] = FileNode(view, xattrs, node_ino)

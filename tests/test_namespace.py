@@ -6,7 +6,7 @@ import re
 
 from hypothesis import given, settings, strategies as st
 
-from tensorfs.namespace import RESERVED_TOP_LEVEL, Tree, tensor_paths
+from tensorfs.namespace import RESERVED_TOP_LEVEL, DirNode, Tree, tensor_paths
 
 name_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 dotted = st.lists(st.sampled_from(["a", "b", "", "metadata", "headers", "npy", "raw", "%",
@@ -53,6 +53,62 @@ def _check(names, layout):
         else:
             decoded = _decode(path)
         assert decoded == name
+
+
+def _walk(tree: Tree, order=lambda items: items) -> dict[str, tuple]:
+    """path -> (view, inode) of every file, walking directories in the given order."""
+    found = {}
+    stack = [("", tree.root)]
+    while stack:
+        prefix, directory = stack.pop()
+        for name, child in order(list(directory.children.items())):
+            path = f"{prefix}{name}"
+            if isinstance(child, DirNode):
+                stack.append((path + "/", child))
+            else:
+                found[path] = (child.view, child.ino)
+    return found
+
+
+def _lazy_tree(names, layout):
+    tree = Tree()
+    tree.add_file("metadata.json", "generated")
+    tree.add_tensors(names, layout, lambda i: (("raw", i), ("npy", i) if i % 3 else None, None))
+    return tree
+
+
+@settings(max_examples=300, deadline=None)
+@given(names_strategy, st.sampled_from(["tree", "flat"]), st.randoms(use_true_random=False))
+def test_lazy_tree_places_files_where_tensor_paths_says(names, layout, rng):
+    """The tree a mount serves, made directory by directory, against the eager rule: the
+    same files at the same paths, and inode numbers that do not depend on the walk."""
+    expected = {"metadata.json": "generated"}
+    for i, name in enumerate(names):
+        raw, npy = tensor_paths(names, layout)[name]
+        expected[raw] = ("raw", i)
+        if i % 3:
+            expected[npy] = ("npy", i)
+    walked = _walk(_lazy_tree(names, layout))
+    assert {path: view for path, (view, _) in walked.items()} == expected
+
+    def shuffled(items):
+        rng.shuffle(items)
+        return items
+    other_walk = _walk(_lazy_tree(names, layout), shuffled)
+    assert {p: ino for p, (_, ino) in other_walk.items()} == {p: ino for p, (_, ino) in walked.items()}
+    inodes = [ino for _, ino in walked.values()]
+    assert len(set(inodes)) == len(inodes)
+
+
+def test_lazy_tree_expands_a_directory_only_when_asked():
+    made = []
+    tree = Tree()
+    tree.add_tensors(["a.x", "a.y", "b.z"], "tree", lambda i: made.append(i) or ("raw", None, None))
+    assert made == []
+    assert tree.lookup("/b/z").view == "raw"
+    assert made == [2]
+    directory_inodes = {tree.lookup("/a").ino, tree.lookup("/b").ino}
+    assert len(directory_inodes) == 2 and tree.node(tree.lookup("/a").ino) is tree.lookup("/a")
 
 
 @settings(max_examples=300, deadline=None)
