@@ -44,6 +44,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from itertools import chain
+from operator import itemgetter
 from typing import Iterable
 
 from tensorfs.errors import ModelError, ShardError
@@ -206,6 +208,49 @@ def _no_duplicates(pairs):
     return out
 
 
+_UNDECIDED = object()
+
+
+def _decoded_if_unique(text: str):
+    """The JSON ``text`` decoded by the plain (hook-free, faster) decoder if it provably has
+    no duplicate key, else ``_UNDECIDED``.
+
+    The plain decoder keeps the last of two equal keys; whether it dropped one is told by
+    counting (``tensorfs.formats.safetensors._keys_unique`` says why a count of ``:`` is
+    enough).  Undecided when the count cannot tell, the text is not JSON, or it nests
+    deeply (near the recursion limit the hook's own frame makes the hook-based decoder give
+    up a level or two earlier): then the caller decodes with the hook, as before, so every
+    outcome is the hook-based decoder's.
+    """
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return _UNDECIDED
+    return doc if text.count(":") == _object_keys(doc) else _UNDECIDED
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_SHALLOW = 100                  # levels of nesting; the recursion limit is about 1000
+
+
+def _object_keys(value) -> int:
+    """How many keys the JSON objects in ``value`` hold, nested ones included; -1 if it
+    nests deeper than ``_SHALLOW`` levels."""
+    keys, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if type(item) is dict:
+            keys += len(item)
+            item = item.values()
+        elif type(item) is not list:
+            continue
+        if level > _SHALLOW:
+            return -1
+        if not _SCALARS.issuperset(map(type, item)):    # a weight_map's strings: at C speed
+            stack.extend((child, level + 1) for child in item if type(child) in (dict, list))
+    return keys
+
+
 def _read_index(path: str) -> tuple[dict, dict[str, str]]:
     """(metadata, weight_map) of an index, validated."""
     try:
@@ -221,7 +266,9 @@ def _read_index(path: str) -> tuple[dict, dict[str, str]]:
         raise _error("index_json", "index is not valid UTF-8", path, offset=exc.start) from None
     bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates)
+        doc = _decoded_if_unique(text)
+        if doc is _UNDECIDED:
+            doc = json.loads(text, object_pairs_hook=_no_duplicates)
     except _Duplicate as dup:
         raise _error("index_json", f"index has the key {_quote(dup.args[0])} twice", path,
                      name=dup.args[0]) from None
@@ -237,10 +284,10 @@ def _read_index(path: str) -> tuple[dict, dict[str, str]]:
         what = "missing" if "weight_map" not in doc else f"a JSON {_json_type(weight_map)}"
         raise _error("index_json", f"index \"weight_map\" must be an object of tensor -> shard "
                      f"file, but it is {what}", path)
-    for tensor, shard in weight_map.items():
-        if not isinstance(shard, str):
-            raise _error("index_json", f"index \"weight_map\" gives tensor {_quote(tensor)} a "
-                         f"{_json_type(shard)} instead of a shard file name", path, name=tensor)
+    if not {str}.issuperset(map(type, weight_map.values())):    # all str: at C speed
+        tensor, shard = next((t, s) for t, s in weight_map.items() if not isinstance(s, str))
+        raise _error("index_json", f"index \"weight_map\" gives tensor {_quote(tensor)} a "
+                     f"{_json_type(shard)} instead of a shard file name", path, name=tensor)
     metadata = doc.get("metadata")
     if metadata is None:
         metadata = {}
@@ -299,15 +346,17 @@ def _load_index(path: str, source: str) -> Model:
             raise _error("shard_format", f"shard {_quote(os.path.basename(shard_path))} is "
                          f"{model_file.format}, not safetensors", path)
         files.append(model_file)
-    owner = _owners(files, path)
-    by_name = dict(zip(shard_names, shard_paths))
-    for tensor, shard in weight_map.items():
-        holder = owner.get(tensor)
-        if holder != by_name[shard]:
-            where = f"; it is in {_quote(os.path.basename(holder))}" if holder else ""
-            raise _error("index_tensor", f"index puts tensor {_quote(tensor)} in "
-                         f"{_quote(shard)}, which does not hold it{where}", path, name=tensor)
-    tensors = tuple(t for f in files for t in f.tensors)
+    if not _shards_match_index(weight_map, shard_names, files):
+        owner = _owners(files, path)
+        by_name = dict(zip(shard_names, shard_paths))
+        for tensor, shard in weight_map.items():
+            holder = owner.get(tensor)
+            if holder != by_name[shard]:
+                where = f"; it is in {_quote(os.path.basename(holder))}" if holder else ""
+                raise _error("index_tensor", f"index puts tensor {_quote(tensor)} in "
+                             f"{_quote(shard)}, which does not hold it{where}", path,
+                             name=tensor)
+    tensors = tuple(chain.from_iterable(f.tensors for f in files))
     return Model(tuple(files), tensors,
                  {key: json_metadata_value(value) for key, value in metadata.items()}, source)
 
@@ -331,6 +380,28 @@ def _owners(files: list[ModelFile], file: str) -> dict[str, str]:
                              f"{_quote(os.path.basename(before))} and "
                              f"{_quote(os.path.basename(model_file.path))}", file, name=tensor.name)
     return owner
+
+
+_tensor_name = itemgetter(0)            # TensorInfo.name, at C speed
+
+
+def _shards_match_index(weight_map: dict[str, str], shard_names: list[str],
+                        files: list[ModelFile]) -> bool:
+    """True if the shards hold exactly the index's tensors, each in the shard the index
+    names: the common case, told without building a tensor -> shard map.
+
+    Each tensor a shard holds is listed by the index for that shard, and the shards hold as
+    many tensors as the index lists.  A name is never twice in one safetensors file (its
+    header is a JSON object), and a name in two shards cannot be listed for both; so the
+    held names are distinct, all in the index and as many: exactly its tensors.  False
+    leaves it to ``_owners`` and the index walk to say what is wrong, if anything (a shard
+    may hold tensors the index does not list).
+    """
+    if sum(len(f.tensors) for f in files) != len(weight_map):
+        return False
+    listed_shard = weight_map.get
+    return all({name}.issuperset(map(listed_shard, map(_tensor_name, f.tensors)))
+               for name, f in zip(shard_names, files))
 
 
 # ---------------------------------------------------------------------------------------

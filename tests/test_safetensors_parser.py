@@ -437,9 +437,7 @@ def assert_paths_agree(data: bytes) -> None:
     if fast is None:
         return
     precise = header._precise()
-    assert fast[0] == precise[0]
-    assert ([(e.name, e.dtype, e.shape, e.begin, e.end) for e in fast[1]] ==
-            [(e.name, e.dtype, e.shape, e.begin, e.end) for e in precise[1]])
+    assert fast == precise
 
 
 def check_any(data: bytes) -> None:
@@ -558,3 +556,74 @@ def test_semantic_validation_agrees_with_reference(data):
         return
     assert_well_formed(model, data)
     assert_same_as_reference(data, model)
+
+
+# -- the fast paths: they accept what the precise ones accept, and only that ----------------
+
+
+@pytest.mark.parametrize("metadata,name", [
+    ({"url": "http://host:80/x"}, "plain"),           # a colon inside a string
+    ({"q": 'say "a": b'}, "plain"),                    # an escaped quote then a colon
+    (None, "a:b"),
+    (None, ": starts with a colon"),
+])
+def test_colons_inside_strings_are_not_taken_for_duplicate_keys(metadata, name):
+    data = build([(name, tensor("U8", [2], 0, 2)), ("z", tensor("U8", [1], 2, 3))],
+                 metadata, b"xyz")
+    assert_paths_agree(data)
+    model = parse(data)
+    assert [t.name for t in model.tensors] == [name, "z"]
+
+
+@pytest.mark.parametrize("header", [
+    b'{"__metadata__":{"u":"a:b","u":"c"},"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+    b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":{"k":"a:b","k":1}}}',
+    b'{"t:":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+    b'"t:":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+])
+def test_a_duplicate_key_is_refused_even_behind_a_colon_in_a_string(header):
+    err = assert_refused(frame(pad8(header), b"x"), "InvalidHeaderDeserialization")
+    assert "duplicate" in str(err)
+
+
+def test_the_fast_path_takes_a_well_formed_header_in_any_order():
+    # sizes 1..40 laid out in one order, listed in another: accepted without the walk
+    import random
+
+    sizes = list(range(1, 41))
+    entries, begin = [], 0
+    for i, size in enumerate(sizes):
+        entries.append((f"t{i}", tensor("U8", [size], begin, begin + size)))
+        begin += size
+    random.Random(0).shuffle(entries)
+    data = build(entries, {"format": "pt"}, bytes(begin))
+    text = data[8:8 + struct.unpack_from("<Q", data)[0]].decode()
+    fast = parser_module._Header(text)._fast()
+    assert fast is not None and fast == parser_module._Header(text)._precise()
+    header_size = len(data) - begin
+    sizes_listed = [info["data_offsets"][1] - info["data_offsets"][0] for _, info in entries]
+    assert parser_module._all_valid(fast[1], sizes_listed, header_size, len(data))
+    assert [t.name for t in parse(data).tensors] == [name for name, _ in entries]
+
+
+@pytest.mark.parametrize("entries,data_size", [
+    ([("e", tensor("U8", [0], 0, 0)), ("a", tensor("U8", [2], 0, 2))], 2),   # zero elements
+    ([("f4", tensor("F4", [2, 3], 0, 3)), ("b", tensor("BF16", [1], 3, 5))], 5),  # sub-byte
+])
+def test_what_the_fast_layout_check_leaves_to_the_walk_is_still_accepted(entries, data_size):
+    data = build(entries, None, bytes(data_size))
+    text = data[8:8 + struct.unpack_from("<Q", data)[0]].decode()
+    fast = parser_module._Header(text)._fast()
+    header_size = len(data) - data_size
+    sizes = [info["data_offsets"][1] - info["data_offsets"][0] for _, info in entries]
+    assert not parser_module._all_valid(fast[1], sizes, header_size, len(data))
+    model = parse(data)
+    assert [(t.name, t.nbytes) for t in model.tensors] == [(n, s) for (n, _), s in
+                                                          zip(entries, sizes)]
+    assert_same_as_reference(data, model)
+
+
+def test_a_zero_dimension_does_not_hide_an_overflowing_shape():
+    # the element count is 0, but the reference's checked product overflows first
+    data = build([("t", tensor("U8", [2**40, 2**40, 0], 0, 0))])
+    assert_refused(data, "ValidationOverflow")

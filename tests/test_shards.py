@@ -524,3 +524,60 @@ def test_broken_shard_sets_are_refused_with_one_line(tmp_path, build, kind):
     else:
         assert isinstance(caught.value, ShardError) and caught.value.kind == kind
         assert kind in shards.KINDS
+
+
+# -- the index's fast paths (no FUSE) -------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    '{"weight_map": {"a": "s", "b": "t"}, "metadata": {"n": {"x": [1, {"y": 2}]}}}',
+    '{"weight_map": {"a": "s"}, "metadata": {"url": "http://h:1"}}',   # a colon in a string
+    '{"weight_map": {"a:b": "s", "c": "s"}}',
+    '{"weight_map": {"a": "s"}, "metadata": {"d": ' + "[" * 150 + "]" * 150 + "}}",
+])
+def test_an_index_without_duplicates_reads_as_json_loads_does(tmp_path, text):
+    from tensorfs import shards
+
+    path = tmp_path / INDEX
+    path.write_text(text)
+    doc = json.loads(text)
+    assert shards._read_index(str(path)) == (doc.get("metadata") or {}, doc["weight_map"])
+    decided = shards._decoded_if_unique(text)
+    if ":" not in text.replace('": ', "") and "[[[" not in text:    # no colon in a string
+        assert decided == doc                    # told by the count, without the hook
+    else:
+        assert decided is shards._UNDECIDED      # left to the hook-based decoder
+
+
+@pytest.mark.parametrize("text,key", [
+    ('{"weight_map": {"a": "s", "a": "t"}}', "a"),
+    ('{"weight_map": {"a": "s:", "a": "t"}}', "a"),        # a colon in a string too
+    ('{"metadata": {"m": {"k": 1, "k": 2}}, "weight_map": {}}', "k"),
+    ('{"weight_map": {}, "weight_map": {}}', "weight_map"),
+])
+def test_an_index_with_a_duplicate_key_is_refused(tmp_path, text, key):
+    from tensorfs import shards
+    from tensorfs.errors import ShardError
+
+    assert shards._decoded_if_unique(text) is shards._UNDECIDED
+    path = tmp_path / INDEX
+    path.write_text(text)
+    with pytest.raises(ShardError) as caught:
+        shards._read_index(str(path))
+    assert caught.value.kind == "index_json" and caught.value.name == key
+
+
+def test_the_shards_match_their_index_only_when_each_tensor_is_where_it_says(tmp_path):
+    from tensorfs import shards
+    from tensorfs.loader import parse_model_file
+
+    index, _, weight_map = write_hf_shards(tmp_path / "hf")
+    names = sorted(set(weight_map.values()))
+    files = [parse_model_file(str(tmp_path / "hf" / n)) for n in names]
+    assert shards._shards_match_index(weight_map, names, files)
+    moved = dict(weight_map, **{"lm_head.weight": next(n for n in names
+                                                       if n != weight_map["lm_head.weight"])})
+    assert not shards._shards_match_index(moved, names, files)
+    fewer = {k: v for k, v in weight_map.items() if k != "lm_head.weight"}
+    assert not shards._shards_match_index(fewer, names, files)     # a shard holds more
+    assert len(shards.load(str(_edit_index(index, lambda d: d.update(weight_map=fewer))))
+               .tensors) == len(weight_map)

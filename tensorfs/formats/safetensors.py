@@ -59,8 +59,13 @@ from __future__ import annotations
 
 import json
 import json.decoder
+import math
 import re
 import struct
+from array import array
+from itertools import chain, repeat
+from operator import itemgetter, mul, sub
+from typing import NamedTuple
 
 from ..dtypes import SAFETENSORS_DTYPES
 from ..errors import SafetensorsError
@@ -156,53 +161,111 @@ def _parse(view, file_size: int, path: str, mtime: float) -> ModelFile:
         tensors=tensors, mtime=mtime)
 
 
-class _Entry:
-    """One tensor entry as read from the JSON, before the offset walk."""
-    __slots__ = ("name", "dtype", "shape", "begin", "end")
+class _Entries(NamedTuple):
+    """The tensor entries as read from the JSON, in file order, one list per field.
 
-    def __init__(self, name, dtype, shape, begin, end):
-        self.name, self.dtype, self.shape, self.begin, self.end = name, dtype, shape, begin, end
+    Columns rather than one object per tensor: the checks below then run as a few C-level
+    passes (``map``, ``sorted``, list comparison) over 100,000 tensors instead of a Python
+    loop, and the ``TensorInfo`` records are built by ``map`` too.
+    """
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    begins: list[int]
+    ends: list[int]
 
 
-def _validate(entries: list[_Entry], header_size: int, file_size: int,
+_BITS = {name: d.bits for name, d in SAFETENSORS_DTYPES.items()}
+_BYTES = {name: bits // 8 for name, bits in _BITS.items() if bits % 8 == 0}
+
+
+def _validate(entries: _Entries, header_size: int, file_size: int,
               path: str) -> tuple[TensorInfo, ...]:
-    """``Metadata::validate`` and the end-of-file check of ``read_metadata``."""
+    """``Metadata::validate`` and the end-of-file check of ``read_metadata``.
+
+    ``_all_valid`` accepts the common case at C speed; anything it does not accept is
+    walked by ``_walk``, the specification, which raises the reference's error (or accepts
+    what ``_all_valid`` is too conservative for: zero-element tensors, sub-byte dtypes).
+    """
+    names, dtypes, shapes, begins, ends = entries
+    sizes = list(map(sub, ends, begins))
+    if not _all_valid(entries, sizes, header_size, file_size):
+        _walk(entries, header_size, file_size)
+    offsets = [header_size + begin for begin in begins]
+    rows = zip(names, dtypes, shapes, offsets, sizes, repeat(path), repeat("<"), repeat(None))
+    # tuple.__new__(TensorInfo, row) is TensorInfo(*row) without a Python frame per tensor
+    return tuple(map(tuple.__new__, repeat(TensorInfo), rows))
+
+
+_SIZE_LIMIT = USIZE_LIMIT // 8          # a size below it has a bit count that fits in u64
+
+
+def _all_valid(entries: _Entries, sizes: list[int], header_size: int, file_size: int) -> bool:
+    """True if every check of ``_walk`` passes; False means only "walk to be sure".
+
+    Per tensor, for whole-byte dtypes: ``end - begin`` is the element count times the
+    dtype's bytes, and not 0.  The layout: with every size positive, the walk in
+    ``(begin, end)`` order succeeds exactly when the sorted begins are 0 followed by the
+    sorted ends but the largest: the tensor beginning at 0 must be the one ending first
+    (every other begins at or after that end, and ends after it begins), so it is
+    ``[0, first end]``; drop it and repeat.  The data then ends at the largest end, and
+    no size exceeds it: with that end below ``_SIZE_LIMIT`` every bit count fits in 64
+    bits, and so does every partial product of a shape (no dimension is 0, so none exceeds
+    the element count): the walk's overflow checks.
+    """
+    names, dtypes, shapes, begins, ends = entries
+    if not names:
+        return header_size == file_size
+    try:
+        expected = list(map(mul, map(math.prod, shapes), map(_BYTES.__getitem__, dtypes)))
+    except KeyError:                    # a sub-byte dtype
+        return False
+    if sizes != expected or 0 in sizes:
+        return False
+    sorted_begins, sorted_ends = sorted(begins), sorted(ends)
+    data_end = sorted_ends[-1]
+    return (sorted_begins[0] == 0 and sorted_begins[1:] == sorted_ends[:-1]
+            and data_end < _SIZE_LIMIT and header_size + data_end == file_size)
+
+
+def _walk(entries: _Entries, header_size: int, file_size: int) -> None:
+    """The reference's checks, tensor by tensor in ``(begin, end)`` order: raise its error."""
+    names, dtypes, shapes, begins, ends = entries
     start = 0
-    for e in sorted(entries, key=lambda e: (e.begin, e.end)):
-        at = header_size + e.begin
-        if e.begin != start or e.end < e.begin:
-            why = ("ends before it begins" if e.end < e.begin else
-                   f"begins at {e.begin}, expected {start} (gap)" if e.begin > start else
-                   f"begins at {e.begin}, expected {start} (overlap)")
-            raise _tensor_error("InvalidOffset", e,
-                                f"data_offsets [{e.begin}, {e.end}] {why}", at)
-        start = e.end
+    for i in sorted(range(len(names)), key=lambda i: (begins[i], ends[i])):
+        name, dtype, shape, begin, end = names[i], dtypes[i], shapes[i], begins[i], ends[i]
+        at = header_size + begin
+        if begin != start or end < begin:
+            why = ("ends before it begins" if end < begin else
+                   f"begins at {begin}, expected {start} (gap)" if begin > start else
+                   f"begins at {begin}, expected {start} (overlap)")
+            raise _tensor_error("InvalidOffset", name,
+                                f"data_offsets [{begin}, {end}] {why}", at)
+        start = end
         count = 1
-        for dim in e.shape:             # try_fold(1usize, checked_mul): stops at the overflow
+        for dim in shape:               # try_fold(1usize, checked_mul): stops at the overflow
             count *= dim
             if count >= USIZE_LIMIT:
-                raise _tensor_error("ValidationOverflow", e,
-                                    f"element count of shape {_shape(e.shape)} overflows 64 bits",
+                raise _tensor_error("ValidationOverflow", name,
+                                    f"element count of shape {_shape(shape)} overflows 64 bits",
                                     at)
-        nbits = count * SAFETENSORS_DTYPES[e.dtype].bits
+        nbits = count * _BITS[dtype]
         if nbits >= USIZE_LIMIT:
-            raise _tensor_error("ValidationOverflow", e,
-                                f"bit count of {e.dtype} {_shape(e.shape)} overflows 64 bits", at)
+            raise _tensor_error("ValidationOverflow", name,
+                                f"bit count of {dtype} {_shape(shape)} overflows 64 bits", at)
         if nbits % 8:
-            raise _tensor_error("MisalignedSlice", e,
-                                f"{count} elements of {e.dtype} are not a whole number of bytes",
+            raise _tensor_error("MisalignedSlice", name,
+                                f"{count} elements of {dtype} are not a whole number of bytes",
                                 at)
-        if e.end - e.begin != nbits // 8:
-            raise _tensor_error("TensorInvalidInfo", e,
-                                f"{e.dtype} {_shape(e.shape)} needs {nbits // 8} bytes, "
-                                f"data_offsets [{e.begin}, {e.end}] give {e.end - e.begin}", at)
+        if end - begin != nbits // 8:
+            raise _tensor_error("TensorInvalidInfo", name,
+                                f"{dtype} {_shape(shape)} needs {nbits // 8} bytes, "
+                                f"data_offsets [{begin}, {end}] give {end - begin}", at)
     if header_size + start != file_size:
         raise SafetensorsError(
             "MetadataIncompleteBuffer",
             f"tensor data ends at byte {header_size + start} but the file is {file_size} bytes",
             offset=min(header_size + start, file_size))
-    return tuple(TensorInfo(e.name, e.dtype, e.shape, header_size + e.begin, e.end - e.begin,
-                            path, "<", None) for e in entries)
 
 
 def _shape(shape: tuple[int, ...], limit: int = 8) -> str:
@@ -210,8 +273,8 @@ def _shape(shape: tuple[int, ...], limit: int = 8) -> str:
     return f"[{shown}{', ...' if len(shape) > limit else ''}]"
 
 
-def _tensor_error(kind: str, e: _Entry, what: str, offset: int) -> SafetensorsError:
-    return SafetensorsError(kind, f"tensor {_quote(e.name)}: {what}", offset=offset, name=e.name)
+def _tensor_error(kind: str, name: str, what: str, offset: int) -> SafetensorsError:
+    return SafetensorsError(kind, f"tensor {_quote(name)}: {what}", offset=offset, name=name)
 
 
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x00": "\\0"}
@@ -280,28 +343,78 @@ def _unique_pairs(pairs):
 # A leaf-value decoder: C speed, serde_json's number rules, duplicates refused.
 _DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_int=_json_int,
                             parse_float=_json_float, parse_constant=_json_constant)
-# The whole-header decoder of the fast path: ints by C (range and -0 checked afterwards).
-_FAST_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_float=_json_float,
-                                 parse_constant=_json_constant)
+# The whole-header decoder of the fast path: dicts and ints built by C (range and -0 checked
+# afterwards, duplicate keys by ``_keys_unique``: a hook called for every object would cost
+# a third of the decoding).
+_PLAIN_DECODER = json.JSONDecoder(parse_float=_json_float, parse_constant=_json_constant)
+# The same refusing duplicates as it decodes, when ``_keys_unique``'s count cannot tell.
+_UNIQUE_DECODER = json.JSONDecoder(object_pairs_hook=_unique_pairs, parse_float=_json_float,
+                                   parse_constant=_json_constant)
 _NEGATIVE_ZERO = re.compile(r"[\[,:][ \t\n\r]*-0(?![0-9.eE])")
 _I64_MIN = -(1 << 63)
+# dtype name -> the same name: looking a dtype up checks it and gives every tensor one
+# shared string (the JSON's per-tensor copies are freed with the decoded header).
+_KNOWN_DTYPE = {name: name for name in SAFETENSORS_DTYPES}.__getitem__
 
 
-def _plain_extra(value) -> bool:
-    """An ignored tensor field the fast path may accept: shallow enough for serde_json and
-    no integer that serde_json would read as a float (those are left to the precise path)."""
-    stack = [(value, 3)]                # level 1: the header, 2: the entry, 3: this value
+def _keys_unique(text: str, start: int, n_keys: int) -> bool:
+    """Whether the JSON value at ``start`` (the whole of ``text`` but JSON whitespace), which
+    decoded to objects holding ``n_keys`` keys in all, has no object with a duplicate key.
+
+    Every key written in the text is followed by exactly one ``:`` outside strings, and
+    ``:`` appears outside strings nowhere else; inside strings it can only add to the count.
+    Decoding keeps one of two equal keys, so ``count(":") >= keys written >= n_keys``, and
+    equality proves that no key was dropped.  A colon inside a string (a URL in
+    ``__metadata__``) leaves the count undecided: then the decoder that refuses a duplicate
+    as it meets it decides.
+    """
+    if text.count(":") == n_keys:
+        return True
+    try:
+        _UNIQUE_DECODER.raw_decode(text, start)
+    except (_Problem, ValueError, RecursionError):
+        return False
+    return True
+
+
+def _only(kind: type, values) -> bool:
+    """Whether every value is exactly a ``kind`` (a bool is no int), at C speed."""
+    return {kind}.issuperset(map(type, values))
+
+
+def _all_u64(numbers: list) -> bool:
+    """Whether every number is an int (not a bool) in ``[0, 2**64)``, at C speed."""
+    if not _only(int, numbers):
+        return False
+    try:
+        array("Q", numbers)             # OverflowError for a negative or too large one
+    except OverflowError:
+        return False
+    return True
+
+
+assert array("Q").itemsize == 8        # unsigned long long: 64 bits wherever CPython runs
+_DTYPE_FIELD, _SHAPE_FIELD, _OFFSETS_FIELD = map(itemgetter, _TENSOR_FIELDS)
+
+
+def _extra_keys(value) -> int | None:
+    """The object keys inside an ignored tensor field (for ``_keys_unique``), or None if
+    the fast path may not accept it: nested deeper than serde_json allows, or holding an
+    integer that serde_json would read as a float (those are left to the precise path)."""
+    keys, stack = 0, [(value, 3)]       # level 1: the header, 2: the entry, 3: this value
     while stack:
         item, level = stack.pop()
         if type(item) is int:
             if not _I64_MIN <= item < USIZE_LIMIT:
-                return False
+                return None
         elif isinstance(item, (list, dict)):
             if level > SERDE_MAX_DEPTH:
-                return False
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, level + 1) for child in children)
-    return True
+                return None
+            if isinstance(item, dict):
+                keys += len(item)
+                item = item.values()
+            stack.extend((child, level + 1) for child in item)
+    return keys
 
 
 class _Where:
@@ -360,7 +473,7 @@ class _Header:
     def __init__(self, text: str):
         self.text = text
 
-    def parse(self) -> tuple[dict[str, str], list[_Entry]]:
+    def parse(self) -> tuple[dict[str, str], _Entries]:
         try:
             bad = _lone_surrogate(self.text)
             if bad is not None:
@@ -377,48 +490,59 @@ class _Header:
                                    f"invalid JSON header: {exc.msg}",
                                    offset=self._byte_offset(exc.pos)) from None
 
-    def _fast(self) -> tuple[dict[str, str], list[_Entry]] | None:
+    def _fast(self) -> tuple[dict[str, str], _Entries] | None:
         text = self.text
-        if "-0" in text and _NEGATIVE_ZERO.search(text):   # Python: int 0; serde: a float
-            return None
+        # "-" first: a one-character search runs at memchr speed, and most headers have none
+        if "-" in text and "-0" in text and _NEGATIVE_ZERO.search(text):
+            return None                 # Python: int 0; serde: a float
+        start = self._ws(0)
         try:
-            top, end = _FAST_DECODER.raw_decode(text, self._ws(0))
+            top, end = _PLAIN_DECODER.raw_decode(text, start)
         except (_Problem, ValueError, RecursionError):   # JSONDecodeError is a ValueError
             return None
         if type(top) is not dict or self._ws(end) != len(text):
             return None
+        n_keys = len(top)
         metadata = top.pop(METADATA_KEY, None)
         if metadata is not None:
-            if type(metadata) is not dict:
+            if type(metadata) is not dict or not _only(str, metadata.values()):
                 return None
-            for value in metadata.values():
-                if type(value) is not str:
-                    return None
-        entries = []
-        dtypes, limit, n_fields = SAFETENSORS_DTYPES, USIZE_LIMIT, len(_TENSOR_FIELDS)
-        for name, info in top.items():
-            if type(info) is not dict:
+            n_keys += len(metadata)
+        # Each check is one C-level pass over a column (see _Entries).
+        names, infos = list(top), list(top.values())
+        # KeyError: a field is missing or the dtype unknown; TypeError: an entry that is not
+        # an object, an unhashable dtype, data_offsets without a length.
+        try:
+            dtypes = list(map(_KNOWN_DTYPE, map(_DTYPE_FIELD, infos)))
+            shapes = list(map(_SHAPE_FIELD, infos))
+            offsets = list(map(_OFFSETS_FIELD, infos))
+            if not {2}.issuperset(map(len, offsets)):
                 return None
-            dtype, shape, offsets = (info.get("dtype"), info.get("shape"),
-                                     info.get("data_offsets"))
-            if (type(dtype) is not str or dtype not in dtypes or type(shape) is not list
-                    or type(offsets) is not list or len(offsets) != 2):
-                return None
-            for dim in shape:
-                if type(dim) is not int or not 0 <= dim < limit:
-                    return None
-            begin, end = offsets
-            if type(begin) is not int or type(end) is not int or not (
-                    0 <= begin < limit and 0 <= end < limit):
-                return None
-            if len(info) != n_fields:
+        except (KeyError, TypeError):
+            return None
+        if not _only(list, shapes):     # ("" and {} would make empty tuples)
+            return None
+        shapes = list(map(tuple, shapes))
+        # data_offsets of length 2 that are not a list (a string, an object) fail here: their
+        # items are not ints.
+        bounds = list(chain.from_iterable(offsets))
+        if not (_all_u64(bounds) and _all_u64(list(chain.from_iterable(shapes)))):
+            return None
+        n_entry_keys = sum(map(len, infos))    # each has the 3 fields: more means others too
+        n_keys += n_entry_keys
+        if n_entry_keys != len(_TENSOR_FIELDS) * len(infos):
+            for info in infos:          # fields serde ignores, in some entries
                 for key, value in info.items():
-                    if key not in _TENSOR_FIELDS and not _plain_extra(value):
-                        return None
-            entries.append(_Entry(name, dtype, tuple(shape), begin, end))
-        return (metadata or {}), entries
+                    if key not in _TENSOR_FIELDS:
+                        keys = _extra_keys(value)
+                        if keys is None:
+                            return None
+                        n_keys += keys
+        if not _keys_unique(text, start, n_keys):
+            return None
+        return (metadata or {}), _Entries(names, dtypes, shapes, bounds[0::2], bounds[1::2])
 
-    def _precise(self) -> tuple[dict[str, str], list[_Entry]]:
+    def _precise(self) -> tuple[dict[str, str], _Entries]:
         text = self.text
         i = self._ws(0)
         if i == len(text):
@@ -426,7 +550,7 @@ class _Header:
         if text[i] != "{":
             raise _Problem("header is not a JSON object", i)
         metadata: dict[str, str] | None = None
-        entries: list[_Entry] = []
+        rows: list[tuple] = []
         seen: set[str] = set()
         for key, key_pos, value_pos in self._object(i):
             if key in seen:
@@ -435,11 +559,12 @@ class _Header:
             if key == METADATA_KEY:
                 metadata = self._metadata(value_pos)
             else:
-                entries.append(self._tensor(key, value_pos))
+                rows.append(self._tensor(key, value_pos))
         end = self._ws(self._end)
         if end != len(text):
             raise _Problem("trailing characters after the JSON header", end)
-        return (metadata or {}), entries
+        columns = zip(*rows) if rows else [()] * len(_Entries._fields)
+        return (metadata or {}), _Entries(*map(list, columns))
 
     # -- scanning ----------------------------------------------------------------------
 
@@ -505,7 +630,7 @@ class _Header:
             result[key] = value
         return result
 
-    def _tensor(self, name: str, pos: int) -> _Entry:
+    def _tensor(self, name: str, pos: int) -> tuple[str, str, tuple[int, ...], int, int]:
         where = _Where(name)
         if not self.text.startswith("{", pos):
             value = self._leaf(pos, name)
@@ -545,7 +670,7 @@ class _Header:
             if key not in fields:
                 raise _Problem(f"{where}: missing field {key}", pos, name)
         begin, end = fields["data_offsets"]
-        return _Entry(name, fields["dtype"], tuple(fields["shape"]), begin, end)
+        return name, fields["dtype"], tuple(fields["shape"]), begin, end
 
 
 def _lone_surrogate(text: str) -> int | None:
@@ -557,8 +682,8 @@ def _lone_surrogate(text: str) -> int | None:
     once, so the scan is linear.  In invalid JSON this may point at a different spot than
     the parser would, but such a file is refused either way.
     """
-    if "\\ud" not in text and "\\uD" not in text:     # the common case, at memchr speed
-        return None
+    if "\\" not in text or ("\\ud" not in text and "\\uD" not in text):
+        return None                     # the common case: no backslash (a memchr) at all
     pending = None                      # end of a high surrogate escape awaiting its low half
     pending_at = -1
     for m in _SURROGATE_ESCAPE.finditer(text):
