@@ -35,7 +35,6 @@ log = logging.getLogger("tensorfs")
 
 ROOT_INO = 1
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
-FUSE_CAP_POSIX_ACL = 1 << 19
 
 
 class FuseUnavailable(RuntimeError):
@@ -278,10 +277,6 @@ class Session:
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
         # directory before it descends, and every entry without attributes costs a LOOKUP.
         conn.contents.want &= ~FUSE_CAP_READDIRPLUS_AUTO
-        # POSIX ACLs handled by the kernel: it then asks for an inode's ACL once and caches
-        # the answer (none), where `ls -l` otherwise sends a GETXATTR of
-        # system.posix_acl_access for every file, every time.
-        conn.contents.want |= FUSE_CAP_POSIX_ACL & conn.contents.capable
         self._tune_pending = self.read_ahead_kib > 0
         try:
             self.fs.on_init()

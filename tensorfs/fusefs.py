@@ -103,9 +103,13 @@ class TensorFS:
 
     def getxattr(self, ino: int, name: str) -> bytes:
         xattrs = getattr(self._node(ino), "xattrs", {})
-        if name not in xattrs:
-            raise FsError(errno.ENODATA)
-        return xattrs[name]
+        if name in xattrs:
+            return xattrs[name]
+        if not name.startswith("user."):
+            # "Not supported here", not "no such attribute": ls -l remembers it and stops
+            # asking every file for its SELinux label and ACLs (a round trip each).
+            raise FsError(errno.EOPNOTSUPP)
+        raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list:
         return list(getattr(self._node(ino), "xattrs", {}))

@@ -99,3 +99,20 @@ def test_missing_attributes_directories_and_generated_files(tmp_path, mount):
         os.setxattr(tensor, "user.tensorfs.dtype", b"F16")
     assert caught.value.errno == errno.EROFS
     assert os.getxattr(tensor, "user.tensorfs.dtype") == b"F32"
+
+
+def test_other_namespaces_are_unsupported_so_ls_stops_asking(tmp_path, mount):
+    """ls -l asks every file for its SELinux label and ACLs; EOPNOTSUPP (not ENODATA) is the
+    answer coreutils remembers per file system (docs/serving.md)."""
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    mnt = mount(model)
+    doc = json.loads((mnt / "metadata.json").read_bytes())
+    tensor = mnt / doc["tensors"]["lm_head.weight"]["path"]
+    for path in (tensor, mnt, mnt / "metadata.json"):
+        for name, expected in (("security.selinux", errno.EOPNOTSUPP),
+                               ("trusted.x", errno.EOPNOTSUPP),
+                               ("system.posix_acl_access", errno.EOPNOTSUPP)):
+            with pytest.raises(OSError) as caught:
+                os.getxattr(path, name)
+            assert caught.value.errno == expected, (path, name)
