@@ -208,20 +208,6 @@ def parallel(fn, items) -> tuple[int, float]:
     return sum(n for n, _ in out), dt
 
 
-def warm_memory(mib: int) -> None:
-    """Touch ``mib`` MiB of fresh memory and free it, just before a timed step.
-
-    This VM hands freed memory back to its host (virtio-balloon free page reporting), and the
-    first touch of a page afterwards costs ~11 µs: a fresh mount's page cache and the array
-    numpy.load fills pay it, an in-process loop that reuses its memory does not.  Touching
-    memory first gives both sides backed pages, as a machine without reporting always has
-    (docs/benchmarks.md, "Memory on this VM")."""
-    if mib > 0:
-        pages = np.empty(mib << 20, dtype=np.uint8)
-        pages[::4096] = 1
-        del pages
-
-
 def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e6
 
@@ -466,12 +452,10 @@ def row_raw(b: Bench) -> None:
         with b.mount(model) as (mnt, _, ready):
             readies.append(ready)
             firsts.append(read_file(os.path.join(mnt, "mid/weight")))
-            warm_memory(a.warm_mib)
             t0 = time.perf_counter()
             arr = np.load(os.path.join(mnt, "mid/weight.npy"))
             loads.append((arr.nbytes, time.perf_counter() - t0))
             del arr
-        warm_memory(a.warm_mib)
         t0 = time.perf_counter()
         arr = np.fromfile(model, dtype=np.float32, count=msize // 4, offset=moff)
         froms.append((arr.nbytes, time.perf_counter() - t0))
@@ -501,7 +485,6 @@ def row_converted(b: Bench) -> None:
         with b.mount(model) as (mnt, _, _):
             for q in CONV_TYPES:
                 path = os.path.join(mnt, f"conv/{q}/weight.npy")
-                warm_memory(a.warm_mib)
                 t0 = time.perf_counter()
                 arr = np.load(path)
                 ours[q].append((arr.nbytes, time.perf_counter() - t0))
@@ -522,7 +505,6 @@ def row_converted(b: Bench) -> None:
             gguf.quants.dequantize(rows[:16], qtype)
             times = []
             for _ in range(a.repeat):
-                warm_memory(a.warm_mib)
                 t0 = time.perf_counter()
                 out = gguf.quants.dequantize(rows, qtype)
                 times.append(time.perf_counter() - t0)
@@ -974,9 +956,6 @@ def main() -> int:
     p.add_argument("--conv-mib", type=int, default=256, help="row 4 float32 output per type")
     p.add_argument("--par-conv-mib", type=int, default=64, help="row 6 Q4_K output per tensor (x8)")
     p.add_argument("--rss-mib", type=int, default=1024, help="row 8 model size")
-    p.add_argument("--warm-mib", type=int, default=2048, metavar="MiB",
-                   help="touch this much memory before each timed numpy.load / fromfile / "
-                        "dequantize (rows 3, 4): this VM returns freed memory to its host; 0: off")
     p.add_argument("--vocab", type=int, default=150_000)
     p.add_argument("--header-tensors", type=int, default=3000)
     p.add_argument("--tree-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000])
