@@ -25,6 +25,10 @@ class MountedModel:
     sources: dict[str, ModelSource]
     cache: ByteLRU
 
+    def start(self) -> None:
+        """Called in the daemon after the fork and before libfuse's threads exist: what must
+        run in the serving process (worker processes) starts here, not at build time."""
+
     def close(self) -> None:
         for source in self.sources.values():
             source.close()
