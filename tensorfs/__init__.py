@@ -1,3 +1,27 @@
-"""tensorfs: mount safetensors and GGUF model files as a read-only tree of tensors."""
+"""tensorfs: mount safetensors and GGUF model files as a read-only tree of tensors.
+
+The library API (``tensorfs.open``, ``tensorfs.ModelError``: docs/api.md) is imported on
+first use: the command line imports this package, and must not pay for numpy and the
+parsers before it knows it needs them.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["open", "ModelError", "__version__"]
+
+_LAZY = {"open": "tensorfs.api", "OpenModel": "tensorfs.api", "ModelError": "tensorfs.errors"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorfs' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

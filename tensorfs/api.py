@@ -1,0 +1,202 @@
+"""The library API (SPEC §9): a model's metadata, tensors, bytes and arrays, without FUSE.
+
+::
+
+    import tensorfs
+    with tensorfs.open("model.gguf") as m:          # anything mount takes
+        m.metadata["general.architecture"]          # the values metadata.json holds
+        t = m.tensors["blk.0.attn_q.weight"]        # dtype, shape, offset, nbytes, file
+        raw = m.read("blk.0.attn_q.weight")         # the stored bytes
+        a = m.array("blk.0.attn_q.weight")          # the .npy view's values
+
+It goes through the layers a mount uses — ``load_model`` (parsers, validation, shards),
+one source per file, ``plan_view`` and the kernels of ``tensorfs.convert`` — and stops
+below the tree: no path escaping, no cache, no FUSE.  So whatever a mount serves as
+``weight.npy``, ``array`` returns with the same values, and whatever a mount refuses,
+``open`` refuses with the same ``ModelError``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Iterator
+
+import numpy as np
+
+from tensorfs.errors import ModelError
+from tensorfs.loader import load_model
+from tensorfs.model import Model, TensorInfo
+from tensorfs.plan import plan_view
+from tensorfs.source import ModelSource
+
+__all__ = ["open", "OpenModel", "ModelError", "TensorInfo"]
+
+# Converted tensors are converted this many stored bytes at a time (whole blocks): the
+# stored bytes of one slab are all the memory used besides the float32 result.
+SLAB_BYTES = 16 << 20
+
+
+class _Metadata(Mapping):
+    """key -> value, each decoded when first asked for (a GGUF vocabulary is not turned into
+    Python strings unless someone reads it)."""
+
+    def __init__(self, metadata):
+        self._raw = metadata
+        self._decoded: dict = {}
+
+    def __getitem__(self, key):
+        try:
+            return self._decoded[key]
+        except KeyError:
+            value = self._decoded[key] = self._raw[key].value()
+            return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"<metadata: {len(self)} keys>"
+
+
+def open(model: str) -> "OpenModel":      # noqa: A001 - tensorfs.open, as the SPEC names it
+    """Parse and validate ``model`` (a file, an index, a directory, a split GGUF's first
+    shard — what ``tensorfs mount`` takes); ``ModelError`` if it is refused.  Use it as a
+    context manager, or call ``close()``."""
+    return OpenModel(load_model(str(model)))
+
+
+class OpenModel:
+    """One parsed model with its files open.
+
+    ``metadata``: key -> value, as ``metadata.json``'s ``"metadata"`` holds them.
+    ``metadata_types``: key -> the format's type name (``"uint32"``, ``"array[string]"``).
+    ``tensors``: name -> ``TensorInfo`` (``dtype`` as the format names it, ``shape`` in numpy
+    order, ``offset`` absolute in ``file``, ``nbytes`` stored), in the model's order.
+    ``model``: the underlying ``tensorfs.model.Model`` (format, version, shards ...).
+    """
+
+    def __init__(self, model: Model):
+        self.model = model
+        self.metadata: Mapping = _Metadata(model.metadata)
+        self.metadata_types = {key: value.type_name for key, value in model.metadata.items()}
+        self.tensors: Mapping[str, TensorInfo] = {t.name: t for t in model.tensors}
+        self._sources: dict[str, ModelSource] | None = {}
+        try:
+            for f in model.files:
+                self._sources[f.path] = ModelSource(f.path, f.file_size)
+        except OSError as error:
+            self.close()
+            raise ModelError("unreadable", f"cannot open: {error.strerror}",
+                             file=error.filename) from None
+
+    # -- life ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the model's files.  Arrays already returned stay valid (a memory map holds
+        its own reference to the file)."""
+        sources, self._sources = self._sources, None
+        for source in (sources or {}).values():
+            source.close()
+
+    def __enter__(self) -> "OpenModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._sources is None else f"{len(self.tensors)} tensors"
+        return f"<tensorfs model {self.model.source!r}: {state}>"
+
+    @property
+    def format(self) -> str:
+        return self.model.files[0].format
+
+    # -- tensors ---------------------------------------------------------------------------
+    def _tensor(self, name: str) -> tuple[TensorInfo, ModelSource]:
+        if self._sources is None:
+            raise ValueError("the model is closed")
+        try:
+            tensor = self.tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r}") from None
+        return tensor, self._sources[tensor.file]
+
+    def read(self, name: str, offset: int = 0, size: int | None = None) -> bytes:
+        """The tensor's stored bytes, or ``size`` of them from ``offset`` (clipped to the
+        tensor, as a file read is).  ``OSError`` (EIO) if the file changed since ``open``."""
+        tensor, source = self._tensor(name)
+        if offset < 0 or (size is not None and size < 0):
+            raise ValueError("offset and size must not be negative")
+        offset = min(offset, tensor.nbytes)
+        end = tensor.nbytes if size is None else min(tensor.nbytes, offset + size)
+        return source.read(tensor.offset + offset, end - offset)
+
+    def array(self, name: str) -> np.ndarray:
+        """The values the tensor's ``.npy`` view holds, shaped in numpy order.
+
+        A type numpy has (F32, F16, I8 ... and big-endian GGUF as ``>f4`` ...) is a read-only
+        memory map of a local file, no copy; BF16, FP8 and GGML's quantized types are a new
+        float32 array, converted by the kernels the mount uses.  A type without a view (F4
+        ...) is a ``ModelError`` saying why, as ``metadata.json``'s ``raw_only`` does."""
+        tensor, source = self._tensor(name)
+        plan = plan_view(tensor)
+        if plan.kind == "native":
+            dtype = np.dtype(plan.npy_dtype)
+            local = _local_fd(source)
+            if local is not None and tensor.nbytes > 0:
+                return _mapped(local, tensor, dtype)
+            out = np.empty(tensor.shape, dtype)
+            _read_into(source, tensor.offset, _bytes_of(out))
+            out.flags.writeable = False
+            return out
+        if plan.kind == "converted":
+            return _converted(source, tensor, plan.conversion)
+        raise ModelError("raw_only", f"tensor {name!r} has no array view: {plan.reason}",
+                         name=name, file=tensor.file)
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+
+def _local_fd(source) -> int | None:
+    """The descriptor of a local file's source (the one the header was validated against
+    and that a mount would serve from), or None for a source that is not a local file."""
+    fd = getattr(source, "fd", None)
+    return fd if isinstance(fd, int) else None
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def _read_into(source, offset: int, buf: memoryview) -> None:
+    if len(buf):
+        source.read_into(offset, buf)
+
+
+def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:
+    """A read-only ``numpy.memmap`` of the tensor's bytes, mapped from the descriptor the
+    header was validated on (not the path again: it may name another file by now)."""
+    with os.fdopen(os.dup(fd), "rb") as f:      # the map keeps a descriptor of its own
+        return np.memmap(f, dtype, mode="r", offset=tensor.offset, shape=tensor.shape)
+
+
+def _converted(source, tensor: TensorInfo, conversion) -> np.ndarray:
+    out = np.empty(tensor.n_elements, np.float32)
+    block_in, block_out = conversion.block_bytes, conversion.block_elems
+    n_blocks = tensor.nbytes // block_in
+    per_slab = max(1, SLAB_BYTES // block_in)
+    scratch = np.empty(min(n_blocks, per_slab) * block_in, np.uint8)
+    for first in range(0, n_blocks, per_slab):
+        count = min(per_slab, n_blocks - first)
+        raw = scratch[:count * block_in]
+        _read_into(source, tensor.offset + first * block_in, memoryview(raw))
+        conversion.convert(raw, out=out[first * block_out:(first + count) * block_out])
+    return out.reshape(tensor.shape)
