@@ -14,21 +14,19 @@ The model is promised immutable while mounted; what happens when it is not (docs
 - every read is followed by an ``fstat`` of the descriptor (a few us: measured in
   docs/reliability.md).  Size and mtime as at mount time: the bytes just read are the
   file's bytes at mount time, since a write updates mtime before it copies data;
-- the file shrank and its first bytes are unchanged (a hash of the first 4 KiB, 8 KiB ... up
-  to ``FINGERPRINT_BYTES`` taken at mount, compared for the longest prefix that is left):
-  *truncated*.  Bytes below the new end still serve; a read reaching past it fails with EIO;
-- anything else (same size but modified, grown, the first bytes differ): *rewritten*.  No
-  byte can be vouched for: every read of the file fails with EIO until it is remounted;
+- any other size or mtime (truncated, grown, rewritten in place, copied over): no byte can
+  be vouched for -- a file that shrank may have been rewritten before it was cut, whatever
+  its first bytes still say -- so every read of the file fails with EIO until it is
+  remounted (SPEC §5);
 - renamed over or deleted: the descriptor still holds the file as mounted, which keeps
   serving, consistent; the log says so once (checked at most every ``PATH_CHECK_S``).
 
-Each change is logged once, at ERROR for truncated / rewritten and WARNING for replaced.
+Each change is logged once, at ERROR for a changed file and WARNING for a replaced one.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import threading
@@ -37,11 +35,6 @@ import time
 log = logging.getLogger("tensorfs")
 
 
-# The first bytes of the file, hashed at mount: no more than the loader's first prefix
-# (tensorfs.loader.FIRST_PREFIX_BYTES), so mounting reads nothing more (and it is in the
-# page cache already).  Hashes at 4, 8, 16, 32 and 64 KiB.
-FINGERPRINT_BYTES = 64 << 10
-FINGERPRINT_MARKS = tuple(4096 << k for k in range(5))
 PATH_CHECK_S = 1.0              # how often the path is checked for a rename-replacement
 
 
@@ -64,9 +57,8 @@ class ModelSource:
         st = os.fstat(self.fd)
         self._stamp = _stamp(st)
         self._identity = (st.st_dev, st.st_ino)
-        self._fingerprints = self._prefix_hashes(min(expected_size, FINGERPRINT_BYTES))
-        self.limit = expected_size          # bytes of the file still vouched for
-        self.broken: str | None = None      # why none is, once the file was rewritten
+        self.limit = expected_size          # bytes of the file still vouched for (0 once broken)
+        self.broken: str | None = None      # why none is, once the file changed
         self._next_path_check = time.monotonic() + PATH_CHECK_S
         self._replaced_logged = False
         if st.st_size != expected_size:     # changed between the parse and this open
@@ -112,41 +104,19 @@ class ModelSource:
             self._check_path(st)
 
     def _gone(self, offset: int, size: int, got: int) -> None:
-        self._reassess(os.fstat(self.fd))
+        self._reassess(os.fstat(self.fd), force=True)     # a short read is a change too
         self._refuse(offset, size, got)
 
     def _refuse(self, offset: int, size: int, got: int | None = None):
         short = f" got {got}" if got is not None else ""
-        why = self.broken or f"the file now ends at byte {self.limit}"
+        why = self.broken or "the model file changed since it was mounted"
         raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}{short}: "
                                      f"{why}")
 
-    def _prefix_hashes(self, n: int) -> dict[int, bytes]:
-        """Hashes of the first m bytes, for each mark m up to ``n`` (and ``n`` itself)."""
-        marks = sorted({m for m in FINGERPRINT_MARKS if m < n} | {n})
-        h = hashlib.blake2b(digest_size=16)
-        out: dict[int, bytes] = {}
-        got = 0
-        for mark in marks:
-            while got < mark:
-                chunk = os.pread(self.fd, mark - got, got)
-                if not chunk:
-                    return out
-                h.update(chunk)
-                got += len(chunk)
-            out[mark] = h.copy().digest()
-        return out
-
-    def _same_start(self, size: int) -> bool:
-        """The longest hashed prefix that still fits in ``size`` bytes is unchanged."""
-        marks = [m for m in self._fingerprints if m <= size]
-        if not marks:
-            return True                 # less than 4 KiB left: nothing of note to compare
-        longest = max(marks)
-        return self._prefix_hashes(longest).get(longest) == self._fingerprints[longest]
-
     def _reassess(self, st: os.stat_result, force: bool = False) -> None:
-        """The descriptor's stat differs from the last one seen: truncated or rewritten?"""
+        """The descriptor's stat differs from the one at mount time: nothing it holds can be
+        vouched for any more.  A shrunk file is not trusted below its new end either: an
+        in-place rewrite that keeps the first bytes and then shrinks looks the same."""
         with self._warn_lock:
             if _stamp(st) == self._stamp and not force:
                 return                      # another thread got here first
@@ -154,21 +124,14 @@ class ModelSource:
             if self.broken is not None:
                 return
             was = self.expected_size
-            same_start = self._same_start(min(st.st_size, was))
-            if st.st_size < was and same_start:
-                if st.st_size < self.limit:
-                    self.limit = st.st_size
-                    log.error("%s: the model file was truncated under the mount: it is %d bytes "
-                              "now, %d at mount time; reads past byte %d fail with EIO, the "
-                              "rest still serve", self.path, st.st_size, was, st.st_size)
-                return
-            if st.st_size == was:
-                what = "rewritten in place (same size, but its mtime changed)"
-            elif not same_start:
-                what = (f"rewritten (it is {st.st_size} bytes now, {was} at mount time, and "
-                        "its first bytes differ)")
+            if st.st_size < was:
+                what = (f"truncated or rewritten shorter (it is {st.st_size} bytes now, {was} "
+                        "at mount time)")
+            elif st.st_size > was:
+                what = f"rewritten or grown (it is {st.st_size} bytes now, {was} at mount time)"
             else:
-                what = f"modified (it is {st.st_size} bytes now, {was} at mount time)"
+                what = "rewritten in place (same size, but its mtime changed)"
+            self.limit = 0
             self.broken = f"the model file was {what} since it was mounted"
             log.error("%s: %s; every read of it now fails with EIO (unmount and mount "
                       "again to serve the new contents)", self.path, self.broken)

@@ -69,33 +69,97 @@ def live(tmp_path, mount, mixed):
     return LiveMount(model, exp, mnt, log, daemon_pid(mnt))
 
 
-def test_truncated_model_gives_eio_past_the_cut_and_serves_the_rest(live):
+def test_truncated_model_fails_every_read(live):
+    """SPEC §5: a truncated model serves nothing, not even the bytes before the cut: a
+    shrunk file cannot be told from one rewritten in place and then shrunk."""
     model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()
     cut = c.offset + 600_000                   # inside the BF16 tensor
     os.truncate(model, cut)
 
-    # tensors wholly before the cut: raw, native .npy and converted (Q8_0) .npy
-    _assert_serves(mnt, a)
-    _assert_serves(mnt, b)
-    # the tensor the cut runs through: its surviving start reads, the whole does not
-    assert read_errno(mnt / c.path, 0, 4096) == c.raw[:4096]
-    _assert_eio(mnt, c)                        # raw and converted (BF16)
-    # tensors wholly past the cut: raw and converted (Q4_K) / native (F16)
-    _assert_eio(mnt, d)
-    _assert_eio(mnt, e)
-    # a read that starts before the cut and ends after it: EIO, not a short read
-    assert read_errno(mnt / c.path, 600_000 - 100, 200) == EIO
+    for t in (a, b, c, d, e):                  # before, across and past the cut alike
+        _assert_eio(mnt, t)
+    assert read_errno(mnt / c.path, 0, 4096) == EIO
     assert os.stat(mnt / c.path).st_size == len(c.raw)        # the promise stands
-    # generated files and the tree
+    # generated files and the tree describe the mounted header and keep serving
     assert json.loads((mnt / "metadata.json").read_bytes())["file_size"] > cut
-    assert len((mnt / "header.bin").read_bytes()) == a.offset
     assert sorted(os.listdir(mnt / "c" / "bf16")) == ["weight", "weight.npy"]
     assert alive(pid) and fuse_mounts_under(mnt)
     text = _log(log)
-    assert "truncated under the mount" in text and f"{cut} bytes now" in text
-    assert text.count("truncated under the mount") == 1          # said once
+    assert "truncated or rewritten shorter" in text and f"{cut} bytes now" in text
+    assert text.count("every read of it now fails with EIO") == 1          # said once
     assert "Traceback" not in text
+
+
+def _rewrite_keeping_the_start(path: Path, keep: int, new_size: int, fill: bytes) -> None:
+    """In place (same inode): the first ``keep`` bytes stay, the rest is new, then cut."""
+    with open(path, "r+b") as f:
+        f.seek(keep)
+        f.write(fill * (new_size - keep))
+        f.truncate(new_size)
+
+
+def test_rewritten_shorter_keeping_the_first_bytes_serves_nothing(tmp_path, mount):
+    """The review's case: a model rewritten in place that keeps its first 64 KiB and more
+    (header and a big first tensor), new bytes after them, then shrunk.  Before, the prefix
+    hashes vouched for it as "truncated" and ``b_x`` read 666.0 instead of 0..7."""
+    model = tmp_path / "m.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"a_big": np.ones(32768, np.float32), "b_x": np.arange(8, dtype=np.float32),
+               "c_pad": np.zeros(64, np.float32)}, str(model))
+    log = tmp_path / "daemon.log"
+    mnt = mount(model, "--log", log)
+    doc = json.loads((mnt / "metadata.json").read_bytes())
+    x, pad = doc["tensors"]["b_x"], doc["tensors"]["c_pad"]
+    assert x["offset"] > 64 << 10 and pad["offset"] > x["offset"]
+    _rewrite_keeping_the_start(model, x["offset"], pad["offset"] + 16,
+                               np.float32(666.0).tobytes())
+    got = read_errno(mnt / x["path"])
+    assert got == EIO, np.frombuffer(got, np.float32) if isinstance(got, bytes) else got
+    assert read_errno(mnt / (x["path"] + ".npy")) == EIO
+    assert read_errno(mnt / "a_big", 0, 4096) == EIO
+    assert "every read of it now fails with EIO" in _log(log)
+
+
+@pytest.mark.parametrize("change", ["shrink_same_start", "shrink_new_start", "grow", "same_size",
+                                    "touch", "to_zero_and_back"])
+def test_a_small_model_changed_in_any_way_serves_nothing(tmp_path, mount, change):
+    """A model under 4 KiB (the old rule had no prefix check at all below that): every
+    change of size or mtime makes every read of it fail."""
+    model = tmp_path / "small.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"t": np.arange(64, dtype=np.float32)}, str(model))
+    size = os.path.getsize(model)
+    assert size < 4096
+    log = tmp_path / "daemon.log"
+    mnt = mount(model, "--log", log)
+    data_at = size - 256
+    if change == "shrink_same_start":
+        _rewrite_keeping_the_start(model, data_at, size - 4, b"\x42")
+    elif change == "shrink_new_start":
+        os.truncate(model, size - 4)
+        with open(model, "r+b") as f:
+            f.write(b"\x00" * 8)
+    elif change == "grow":
+        with open(model, "ab") as f:
+            f.write(b"\x00" * 16)
+    elif change == "same_size":
+        _rewrite_keeping_the_start(model, data_at, size, b"\x42")
+    elif change == "touch":
+        st = os.stat(model)
+        os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    else:
+        content = model.read_bytes()
+        os.truncate(model, 0)
+        with open(model, "r+b") as f:      # the same bytes again: still not vouched for
+            f.write(content)
+    assert read_errno(mnt / "t") == EIO
+    assert read_errno(mnt / "t.npy") == EIO
+    assert read_errno(mnt / "header.bin") == EIO
+    json.loads((mnt / "metadata.json").read_bytes())          # generated: still served
+    assert _log(log).count("every read of it now fails with EIO") == 1
 
 
 def test_rewritten_in_place_same_size_fails_every_read(live):
@@ -154,7 +218,7 @@ def test_deleted_model_keeps_serving(live):
 
 def test_truncated_safetensors_too(tmp_path, mount):
     model = tmp_path / "m.safetensors"
-    tensors = write_safetensors(model)
+    write_safetensors(model)
     log = tmp_path / "daemon.log"
     mnt = mount(model, "--log", log)
     doc = json.loads((mnt / "metadata.json").read_bytes())
@@ -162,11 +226,10 @@ def test_truncated_safetensors_too(tmp_path, mount):
     last_name, last = entries[-1]
     assert last["nbytes"] > 8
     os.truncate(model, last["offset"] + 4)
-    assert read_errno(mnt / last["path"]) == EIO
-    assert read_errno(mnt / (last["path"] + ".npy")) == EIO
-    first_name, first = entries[0]
-    assert read_errno(mnt / first["path"]) == tensors[first_name].tobytes()
-    assert "truncated under the mount" in _log(log)
+    for _, entry in (entries[0], entries[-1]):
+        assert read_errno(mnt / entry["path"]) == EIO
+        assert read_errno(mnt / (entry["path"] + ".npy")) == EIO
+    assert "truncated or rewritten shorter" in _log(log)
 
 
 # -- where the source lives -----------------------------------------------------------------
