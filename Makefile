@@ -30,7 +30,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
-	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test]'
+	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote]'
 	touch $@
 
 venv: system-deps $(VENV)/.installed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import logging
 import os
 import re
@@ -22,6 +23,8 @@ from tensorfs.errors import ModelError
 log = logging.getLogger("tensorfs")
 
 DEFAULT_CACHE_SIZE = "256M"
+DEFAULT_DISK_CACHE_SIZE = "10G"
+DEFAULT_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60
 UNMOUNT_WAIT_S = 30
 
@@ -74,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra FUSE mount options")
     mount.add_argument("--log", metavar="FILE", help="daemon log (default: in the runtime directory)")
     mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    _remote_options(mount)
+    mount.add_argument("--disk-cache", metavar="DIR[:SIZE]", type=parse_disk_cache,
+                       help="also keep fetched blocks of a URL's files on disk, in DIR "
+                            f"(default SIZE {DEFAULT_DISK_CACHE_SIZE}); reused by later mounts")
 
     for name in ("unmount", "umount"):
         un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"
@@ -87,7 +94,57 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("model", metavar="MODEL")
     inspect.add_argument("--json", action="store_true", help="print what metadata.json would hold")
     inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    _remote_options(inspect)
     return parser
+
+
+def _remote_options(parser) -> None:
+    """What a URL as MODEL takes (SPEC §8, docs/remote.md)."""
+    parser.add_argument("--storage-option", dest="storage_options", action="append", default=[],
+                        metavar="KEY=VALUE", type=parse_storage_option,
+                        help="an fsspec storage option for a URL (repeatable); secrets belong "
+                             "in the environment or config files, not here (docs/remote.md)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"longest wait for one read of a URL, retries included "
+                             f"(default {DEFAULT_TIMEOUT_S:g})")
+
+
+def parse_storage_option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text.split('=')[0]!r}")
+    try:        # true, 3, 1.5, {"a": 1} as JSON gives them; anything else as text
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key.strip(), parsed
+
+
+def parse_disk_cache(text: str) -> tuple[str, int]:
+    directory, sep, size = text.rpartition(":")
+    if not sep or not re.fullmatch(r"\s*\d+\s*[kKmMgGtT]?(i?[bB])?\s*", size):
+        directory, size = text, DEFAULT_DISK_CACHE_SIZE
+    if not directory:
+        raise argparse.ArgumentTypeError("--disk-cache needs a directory")
+    return directory, parse_size(size)
+
+
+def _storage_options(args) -> dict:
+    return dict(getattr(args, "storage_options", None) or [])
+
+
+def _remote_settings(args, cache_size: int):
+    """How a URL's files are read (tensorfs.remote); nothing for a local file."""
+    from tensorfs.location import is_url
+
+    if not is_url(args.model):
+        return None
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be more than 0 seconds")
+    from tensorfs.remote import RemoteSettings
+
+    return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
+                          cache_bytes=cache_size, disk_cache=getattr(args, "disk_cache", None))
 
 
 def main(argv=None) -> int:
@@ -150,7 +207,8 @@ def cmd_inspect(args) -> int:
     from tensorfs.mounttree import describe
 
     with _no_gc_while_building():
-        model = load_model(args.model)
+        model = load_model(args.model, _remote_settings(args, parse_size(DEFAULT_CACHE_SIZE)))
+        model.close()                   # headers only: nothing more is read
         paths, plans = describe(model)
     out = sys.stdout
     if args.json:
@@ -242,9 +300,9 @@ def cmd_mount(args) -> int:
 
     mountpoint = check_mountpoint(args.mountpoint)
     with _no_gc_while_building():
-        model = load_model(args.model)
+        model = load_model(args.model, _remote_settings(args, args.cache_size))
         mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
-    st = os.stat(model.files[0].path)
+    st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
     options = fuse_options(args, model.source)
     debug = getattr(args, "debug", False)
 

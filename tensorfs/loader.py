@@ -6,8 +6,6 @@ prefix of the file, grown (doubling) while the parser asks for more.
 
 from __future__ import annotations
 
-import os
-
 from tensorfs.errors import ModelError
 from tensorfs.formats import NeedMoreBytes
 from tensorfs.model import Model, ModelFile
@@ -19,33 +17,18 @@ FIRST_PREFIX_BYTES = 64 << 10
 GROWTH = 4
 
 
-def _read_prefix(fd: int, size: int) -> bytes:
-    chunks = []
-    got = 0
-    while got < size:
-        chunk = os.pread(fd, size - got, got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
-def parse_model_file(path: str) -> ModelFile:
-    """Parse and validate one model file; ``ModelError`` (with ``file`` set) if refused."""
+def parse_source(source) -> ModelFile:
+    """Parse and validate the model file ``source`` holds (any source: ``tensorfs.source``);
+    ``ModelError`` (with ``file`` set) if refused.  The caller keeps the source open: it is
+    the one that serves what was parsed."""
     from tensorfs.formats import gguf, safetensors
+    from tensorfs.source import SourceError
 
+    path = source.name
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as error:
-        raise ModelError("unreadable", f"cannot open: {error.strerror}", file=path) from None
-    try:
-        st = os.fstat(fd)
-        if not os.path.isfile(path):
-            raise ModelError("not_a_file", "not a regular file", file=path)
-        file_size = st.st_size
+        file_size = source.size
         want = min(file_size, FIRST_PREFIX_BYTES)
-        prefix = _read_prefix(fd, want)
+        prefix = source.read(0, want)
         if gguf.looks_like_gguf(prefix):
             parse = gguf.parse_gguf
         elif (safetensors.looks_like_safetensors(prefix, file_size)
@@ -57,28 +40,52 @@ def parse_model_file(path: str) -> ModelFile:
             raise ModelError("unknown_format",
                              "not a safetensors or GGUF file (unrecognised first bytes)",
                              offset=0, file=path)
+        mtime = source.stat().st_mtime
         while True:
             try:
-                return parse(prefix, file_size, path=path, mtime=st.st_mtime)
+                return parse(prefix, file_size, path=path, mtime=mtime)
             except NeedMoreBytes as more:
                 if len(prefix) >= file_size:     # a parser bug: it must not ask for more than the file
                     raise ModelError("truncated", "header runs past the end of the file",
                                      offset=file_size, file=path) from None
                 want = min(file_size, max(more.needed, GROWTH * len(prefix)))
-                prefix = _read_prefix(fd, want)
+                prefix = source.read(0, want)
     except ModelError as error:
         if error.file is None:
             error.file = path
         raise
+    except SourceError as error:
+        # the file changed while it was parsed (ModelSource checks after every read), or a
+        # remote read failed: what was parsed cannot be vouched for
+        why = str(error.strerror).removeprefix(f"{path}: ")
+        raise ModelError("unreadable", f"read failed: {why}", file=path) from None
     except OSError as error:
         raise ModelError("unreadable", f"read failed: {error.strerror}", file=path) from None
+
+
+def parse_model_file(path: str) -> ModelFile:
+    """Parse and validate one local model file; ``ModelError`` (with ``file`` set) if refused."""
+    from tensorfs.source import ModelSource
+
+    source = ModelSource(path)
+    try:
+        return parse_source(source)
     finally:
-        os.close(fd)
+        source.close()
 
 
-def load_model(path: str) -> Model:
+def load_model(path: str, remote=None) -> Model:
     """The model a mount of ``path`` serves: one file, or the shards an index, a split
-    GGUF's first shard or a directory stands for (``tensorfs.shards``)."""
+    GGUF's first shard or a directory stands for (``tensorfs.shards``); ``path`` may be a
+    URL, read as ``remote`` (a ``tensorfs.remote.RemoteSettings``) says.  ``Model.sources`` holds each file's source, opened once and
+    parsed from: the mount serves from them (``Model.close()`` when done)."""
     from tensorfs import shards
+    from tensorfs.location import location_for
 
-    return shards.load(path)
+    location = location_for(path, remote)
+    try:
+        model = shards.load(location.normalize(path), location)
+    except BaseException:
+        location.close_all()
+        raise
+    return location.attach(model)

@@ -96,7 +96,14 @@ class Model:
     files: tuple[ModelFile, ...]
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, MetadataValue]
-    source: str                     # what the user named: a file, an index, a directory
+    source: str                     # what the user named: a file, an index, a directory, a URL
+    # each file's source (tensorfs.source), by ModelFile.path: the very ones the files were
+    # parsed from, so that a mount serves what it parsed.  Empty for a model built by hand.
+    sources: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+
+    def close(self) -> None:
+        for source in self.sources.values():
+            source.close()
 
     @property
     def sharded(self) -> bool:

@@ -28,6 +28,9 @@ class MountedModel:
     def start(self) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
         run in the serving process (worker processes) starts here, not at build time."""
+        for source in self.sources.values():
+            source.start()      # a remote source's transport: its event loop thread is
+                                # not copied by fork
 
     def close(self) -> None:
         for source in self.sources.values():
@@ -81,7 +84,10 @@ def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths]
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into."""
-    sources = {f.path: ModelSource(f.path, f.file_size) for f in model.files}
+    # The sources the files were parsed from (tensorfs.loader.load_model): never the path
+    # opened again, which may name another file by now.
+    sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
+                                      for f in model.files}
     tree = Tree()
 
     if model.sharded:

@@ -49,6 +49,7 @@ from operator import itemgetter
 from typing import Iterable
 
 from tensorfs.errors import ModelError, ShardError
+from tensorfs.location import DIRECTORY, FILE, LocalLocation, Location
 from tensorfs.model import MetadataValue, Model, ModelFile, TensorInfo
 
 # ---------------------------------------------------------------------------------------
@@ -96,36 +97,37 @@ def _quote(text: str) -> str:
 # What the user named
 # ---------------------------------------------------------------------------------------
 
-def load(path: str) -> Model:
-    """The model a mount of ``path`` serves (a file, an index, a first shard, a directory)."""
-    if os.path.isdir(path):
-        return _load_directory(path)
-    return _load_file(path, source=path)
+def load(path: str, loc: Location | None = None) -> Model:
+    """The model a mount of ``path`` serves (a file, an index, a first shard, a directory),
+    its files opened through ``loc`` (``tensorfs.location``; local when not given)."""
+    loc = loc or LocalLocation()
+    if loc.isdir(path):
+        return _load_directory(path, loc)
+    return _load_file(path, path, loc)
 
 
-def _load_file(path: str, source: str) -> Model:
-    if _looks_like_index(path):
-        return _load_index(path, source)
-    from tensorfs.loader import parse_model_file
-
-    first = parse_model_file(path)
+def _load_file(path: str, source: str, loc: Location) -> Model:
+    if _looks_like_index(path, loc):
+        return _load_index(path, source, loc)
+    first = loc.parse(path)
     if first.format == "gguf":
         split = _split_keys(first)
         if split is not None:
-            return _load_split_gguf(first, split, source)
+            return _load_split_gguf(first, split, source, loc)
     return Model((first,), first.tensors, first.metadata, source)
 
 
-def _looks_like_index(path: str) -> bool:
-    """A JSON object rather than a model file: told from the first bytes, as models are."""
+def _looks_like_index(path: str, loc: Location) -> bool:
+    """A JSON object rather than a model file: told from the first bytes, as models are.
+    The file is opened once, here: the parser reads the same source."""
     from tensorfs.formats import gguf, safetensors
 
+    source = loc.open(path)         # refuses what is not a regular file, before reading
     try:
-        with open(path, "rb") as f:
-            prefix = f.read(4096)
-            size = os.fstat(f.fileno()).st_size
+        size = source.size
+        prefix = source.read(0, min(size, 4096))
     except OSError:
-        return False                 # parse_model_file says why, in its words
+        return False                 # the parser says why, in its words
     if gguf.looks_like_gguf(prefix) or safetensors.looks_like_safetensors(prefix, size):
         return False
     return prefix.removeprefix(b"\xef\xbb\xbf").lstrip(b" \t\r\n")[:1] == b"{"
@@ -135,8 +137,8 @@ def _looks_like_index(path: str) -> bool:
 # Directories
 # ---------------------------------------------------------------------------------------
 
-def _load_directory(directory: str) -> Model:
-    candidates = directory_candidates(directory)
+def _load_directory(directory: str, loc: Location) -> Model:
+    candidates = directory_candidates(directory, loc)
     if not candidates:
         raise _error("no_model", "directory holds no *.safetensors.index.json, *.safetensors "
                      "or *.gguf file", directory)
@@ -145,29 +147,25 @@ def _load_directory(directory: str) -> Model:
         more = f" and {len(candidates) - LISTED_CANDIDATES} more" if len(candidates) > LISTED_CANDIDATES else ""
         raise _error("several_models", f"directory holds {len(candidates)} models ({shown}{more}): "
                      f"name one of them instead", directory)
-    path = os.path.join(directory, candidates[0])
-    if not os.path.lexists(path):    # a split set whose first shard is missing
+    path = loc.join(directory, candidates[0])
+    if loc.kind(path) is None:      # a split set whose first shard is missing
         raise _error("missing_shard", f"first shard {_quote(candidates[0])} of a split GGUF "
                      f"is missing", directory)
-    model = _load_file(path, source=path)
+    model = _load_file(path, path, loc)
     if len(model.files) > 1 or model.source != model.files[0].path:
         # A set of shards: the mount is named after what the user gave.
         return Model(model.files, model.tensors, model.metadata, directory)
     return model                     # one plain file: as if it had been given
 
 
-def directory_candidates(directory: str) -> list[str]:
+def directory_candidates(directory: str, loc: Location | None = None) -> list[str]:
     """File names in ``directory`` that could each be given as the model, sorted."""
-    try:
-        names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
-    except OSError as error:
-        raise ModelError("unreadable", f"cannot list directory: {error.strerror}",
-                         file=directory) from None
-    names = [n for n in names if os.path.isfile(os.path.join(directory, n))]
+    loc = loc or LocalLocation()
+    names = loc.files(directory)
     covered: set[str] = set()
     indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
     for index in indexes:
-        covered.update(_index_shard_names_quietly(os.path.join(directory, index)))
+        covered.update(_index_shard_names_quietly(loc.join(directory, index), loc))
     split_firsts = set()
     for name in names:
         match = SPLIT_GGUF_NAME.fullmatch(name)
@@ -180,12 +178,11 @@ def directory_candidates(directory: str) -> list[str]:
     return sorted(set(indexes) | split_firsts | set(plain))
 
 
-def _index_shard_names_quietly(path: str) -> Iterable[str]:
+def _index_shard_names_quietly(path: str, loc: Location) -> Iterable[str]:
     """The shard names an index lists, or nothing if it is unreadable (it is reported when
     loaded, if it is the one candidate)."""
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read(MAX_INDEX_BYTES))
+        doc = json.loads(loc.read_all(path, MAX_INDEX_BYTES))
         return [v for v in doc["weight_map"].values() if isinstance(v, str)]
     except Exception:
         return []
@@ -251,14 +248,18 @@ def _object_keys(value) -> int:
     return keys
 
 
-def _read_index(path: str) -> tuple[dict, dict[str, str]]:
+def _read_index(path: str, loc: Location | None = None) -> tuple[dict, dict[str, str]]:
     """(metadata, weight_map) of an index, validated."""
+    own = loc is None
+    loc = loc or LocalLocation()
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_INDEX_BYTES + 1)
+        raw = loc.read_all(path, MAX_INDEX_BYTES)
     except OSError as error:
         raise ModelError("unreadable", f"cannot read: {error.strerror}", file=path) from None
-    if len(raw) > MAX_INDEX_BYTES:
+    finally:
+        if own:
+            loc.close_all()
+    if raw is None:
         raise _error("index_json", f"index is larger than {MAX_INDEX_BYTES} bytes", path)
     try:
         text = raw.decode("utf-8-sig")
@@ -323,10 +324,8 @@ def _plain_shard_name(name: str) -> bool:
     return name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
-def _load_index(path: str, source: str) -> Model:
-    from tensorfs.loader import parse_model_file
-
-    metadata, weight_map = _read_index(path)
+def _load_index(path: str, source: str, loc: Location) -> Model:
+    metadata, weight_map = _read_index(path, loc)
     if not weight_map:
         raise _error("empty_index", "index \"weight_map\" names no tensor", path)
     shard_names = sorted(set(weight_map.values()))
@@ -336,16 +335,14 @@ def _load_index(path: str, source: str) -> Model:
             raise _error("shard_path", f"index names shard {_quote(name)} (for tensor "
                          f"{_quote(tensor)}): a shard must be a plain file name in the index's "
                          f"directory", path, name=tensor)
-    directory = os.path.dirname(path)
-    shard_paths = [os.path.join(directory, name) for name in shard_names]
-    _check_present(shard_names, shard_paths, path, "named by the index")
-    files = []
-    for shard_path in shard_paths:
-        model_file = parse_model_file(shard_path)
+    directory = loc.dirname(path)
+    shard_paths = [loc.join(directory, name) for name in shard_names]
+    _check_present(shard_names, shard_paths, path, "named by the index", loc)
+    files = loc.parse_all(shard_paths)
+    for shard_path, model_file in zip(shard_paths, files):
         if model_file.format != "safetensors":
-            raise _error("shard_format", f"shard {_quote(os.path.basename(shard_path))} is "
+            raise _error("shard_format", f"shard {_quote(loc.basename(shard_path))} is "
                          f"{model_file.format}, not safetensors", path)
-        files.append(model_file)
     if not _shards_match_index(weight_map, shard_names, files):
         owner = _owners(files, path)
         by_name = dict(zip(shard_names, shard_paths))
@@ -361,12 +358,18 @@ def _load_index(path: str, source: str) -> Model:
                  {key: json_metadata_value(value) for key, value in metadata.items()}, source)
 
 
-def _check_present(names: list[str], paths: list[str], file: str, named_by: str) -> None:
-    missing = [n for n, p in zip(names, paths) if not os.path.isfile(p)]
+def _check_present(names: list[str], paths: list[str], file: str, named_by: str,
+                   loc: Location) -> None:
+    kinds = loc.kinds(paths)
+    missing = [n for n, k in zip(names, kinds) if k is None]
     if missing:
         also = f" ({len(missing)} of {len(names)} shards missing)" if len(missing) > 1 else ""
         raise _error("missing_shard", f"shard {_quote(missing[0])} {named_by} is missing{also}",
                      file)
+    for name, kind in zip(names, kinds):
+        if kind != FILE:
+            what = "a directory" if kind == DIRECTORY else "not a regular file"
+            raise _error("missing_shard", f"shard {_quote(name)} {named_by} is {what}", file)
 
 
 def _owners(files: list[ModelFile], file: str) -> dict[str, str]:
@@ -439,12 +442,11 @@ def split_shard_name(prefix: str, number: int, count: int) -> str:
     return f"{prefix}-{number:05d}-of-{count:05d}.gguf"
 
 
-def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], source: str) -> Model:
-    from tensorfs.loader import parse_model_file
-
+def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], source: str,
+                     loc: Location) -> Model:
     number, count, tensors_count = split
     given = first.path
-    base = os.path.basename(given)
+    base = loc.basename(given)
     match = SPLIT_GGUF_NAME.fullmatch(base)
     if number != 0:
         hint = (f": mount the first one, {_quote(split_shard_name(match['prefix'], 1, count))}"
@@ -454,13 +456,12 @@ def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], sourc
     if not match or base != split_shard_name(match["prefix"], 1, count):
         raise _error("split_name", f"split GGUF with split.count {count} must be named "
                      f"PREFIX-00001-of-{count:05d}.gguf to find its other shards", given)
-    directory = os.path.dirname(given)
+    directory = loc.dirname(given)
     names = [split_shard_name(match["prefix"], i, count) for i in range(1, count + 1)]
-    paths = [given] + [os.path.join(directory, n) for n in names[1:]]
-    _check_present(names, paths, given, f"(one of the {count} that split.count names)")
+    paths = [given] + [loc.join(directory, n) for n in names[1:]]
+    _check_present(names, paths, given, f"(one of the {count} that split.count names)", loc)
     files = [first]
-    for i, path in enumerate(paths[1:], start=1):
-        shard = parse_model_file(path)
+    for i, shard in enumerate(loc.parse_all(paths[1:]), start=1):
         if shard.format != "gguf":
             raise _error("shard_format", f"shard {_quote(names[i])} is {shard.format}, not GGUF", given)
         keys = _split_keys(shard)

@@ -1,4 +1,24 @@
-"""The model file as served: opened once, read with bounds the header promised.
+"""Where a model's bytes come from: the source interface, and the local file.
+
+A *source* is one model file as served, opened once at mount and read by the parsers (the
+header) and then by the views (the tensors), always the same object: what was parsed is what
+is served.  Every source has
+
+- ``name``: how it is shown (a path, or a URL without credentials);
+- ``size``: the bytes it has, as at open time;
+- ``version``: what pins those bytes (None for a local file, which is watched instead: below;
+  an ETag, S3 version id or Hub commit for a remote object, ``tensorfs.sources.remote``);
+- ``read(offset, size) -> bytes`` and ``read_into(offset, buf) -> n``: exactly the bytes
+  asked for, inside ``size``; anything else is a ``SourceError`` (EIO in the mount);
+- ``stat()``: owner and mtime to show on the mount's files;
+- ``start()``: called in the daemon after the fork (a remote source reopens its transport
+  there: an event loop thread does not survive a fork); ``close()``.
+
+``ModelSource`` below is the local file.  It is opened with ``O_NONBLOCK`` and refused unless
+``fstat`` says it is a regular file: a FIFO given as MODEL is refused before anything reads
+it, instead of blocking the mount forever.
+
+The local file as served: opened once, read with bounds the header promised.
 
 Reads use ``os.pread`` / ``os.preadv`` on one descriptor rather than slices of an mmap: a
 page of a map that the file no longer has kills the process with SIGBUS, which Python cannot
@@ -29,8 +49,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 import time
+
+from tensorfs.errors import ModelError
 
 log = logging.getLogger("tensorfs")
 
@@ -48,13 +71,42 @@ def _stamp(st: os.stat_result) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
+def open_regular_file(path: str) -> int:
+    """A descriptor of ``path`` if it is a regular file; ``ModelError`` saying what it is
+    otherwise.  ``O_NONBLOCK``: opening a FIFO does not wait for a writer (and it is refused
+    before any read); it changes nothing for a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise ModelError("unreadable", f"cannot open: {error.strerror}", file=path) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "is a directory" if stat.S_ISDIR(mode) else f"not a regular file ({file_kind(mode)})"
+        raise ModelError("not_a_file", what, file=path)
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
 class ModelSource:
-    def __init__(self, path: str, expected_size: int):
+    version = None              # a local file is watched for changes instead (above)
+
+    def __init__(self, path: str, expected_size: int | None = None):
         self.path = path
-        self.expected_size = expected_size
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fd = open_regular_file(path)
         self._warn_lock = threading.Lock()
         st = os.fstat(self.fd)
+        if expected_size is None:
+            expected_size = st.st_size
+        self.expected_size = expected_size
         self._stamp = _stamp(st)
         self._identity = (st.st_dev, st.st_ino)
         self.limit = expected_size          # bytes of the file still vouched for (0 once broken)
@@ -63,6 +115,20 @@ class ModelSource:
         self._replaced_logged = False
         if st.st_size != expected_size:     # changed between the parse and this open
             self._reassess(st, force=True)
+
+    @property
+    def name(self) -> str:
+        return self.path
+
+    @property
+    def size(self) -> int:
+        return self.expected_size
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self.fd)
+
+    def start(self) -> None:
+        pass
 
     def read(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (the caller keeps inside the promised size)."""

@@ -1,0 +1,129 @@
+"""The model is parsed from the source that serves it, and only a regular file is one
+(issue 14): a FIFO as MODEL is refused before anything reads it, a shard that is a directory
+is said to be one, and a file renamed over the path while the mount parses changes neither
+the tree nor the bytes of what was parsed."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from tests.conftest import run_tensorfs
+from tests.test_shards import INDEX, write_hf_shards
+
+
+def _one_line(result) -> str:
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tensorfs: error: "), result.stderr
+    return lines[0]
+
+
+def test_a_fifo_as_model_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    (tmp_path / "mnt").mkdir()
+    # No writer ever opens the FIFO: a blocking open or read would hang until the timeout.
+    for args in (("inspect", fifo), ("mount", fifo, tmp_path / "mnt")):
+        line = _one_line(run_tensorfs(*args, timeout=30))
+        assert line == f"tensorfs: error: {fifo}: not a regular file (a FIFO)"
+
+
+def test_a_fifo_as_shard_is_refused_without_blocking(tmp_path):
+    index, _, weight_map = write_hf_shards(tmp_path / "hf", 2)
+    shard = tmp_path / "hf" / sorted(set(weight_map.values()))[1]
+    shard.unlink()
+    os.mkfifo(shard)
+    line = _one_line(run_tensorfs("inspect", index, timeout=30))
+    assert f"shard '{shard.name}' named by the index is not a regular file" in line
+
+
+def test_a_shard_that_is_a_directory_is_said_to_be_one(tmp_path):
+    index, _, weight_map = write_hf_shards(tmp_path / "hf", 2)
+    shard = tmp_path / "hf" / sorted(set(weight_map.values()))[0]
+    shard.unlink()
+    shard.mkdir()
+    line = _one_line(run_tensorfs("inspect", index))
+    assert line == (f"tensorfs: error: {index}: shard '{shard.name}' named by the index is a "
+                    f"directory")
+
+
+def test_an_index_that_is_a_directory_is_said_to_be_one(tmp_path):
+    # a directory given as MODEL is a directory of models; one named by nothing else is
+    # checked by kind before it is read
+    (tmp_path / "d" / "x.safetensors").mkdir(parents=True)
+    line = _one_line(run_tensorfs("inspect", tmp_path / "d"))
+    assert "holds no" in line
+
+
+def _model(path, value: float, names=("a.w", "b.w")):
+    save_file({n: np.full((4, 4), value, np.float32) for n in names}, str(path))
+
+
+def test_a_file_renamed_over_the_path_during_the_parse_is_not_mixed_in(tmp_path):
+    """The loader opens the file, then parses and serves that descriptor: another file put
+    at the path in between (here: right after the open) is never read."""
+    from tensorfs.cache import ByteLRU
+    from tensorfs.location import LocalLocation
+    from tensorfs.mounttree import build_mount
+    from tensorfs import shards
+
+    path = tmp_path / "model.safetensors"
+    _model(path, 1.0)
+    other = tmp_path / "other.safetensors"
+    _model(other, 2.0, names=("c.w",))
+
+    location = LocalLocation()
+    location.open(str(path))                 # the open the loader does first ...
+    os.rename(other, path)                   # ... and the swap before it parses
+    model = location.attach(shards.load(str(path), location))
+    try:
+        assert [t.name for t in model.tensors] == ["a.w", "b.w"]
+        mounted = build_mount(model, ByteLRU(1 << 20))
+        source = mounted.sources[str(path)]
+        tensor = model.tensors[0]
+        data = np.frombuffer(source.read(tensor.offset, tensor.nbytes), np.float32)
+        assert (data == 1.0).all()
+    finally:
+        model.close()
+
+
+def test_a_file_rewritten_in_place_during_the_parse_is_refused(tmp_path):
+    path = tmp_path / "model.safetensors"
+    _model(path, 1.0)
+    from tensorfs.errors import ModelError
+    from tensorfs.location import LocalLocation
+    from tensorfs import shards
+
+    location = LocalLocation()
+    location.open(str(path))
+    data = bytearray(path.read_bytes())
+    data[-4:] = np.float32(9.0).tobytes()
+    with open(path, "r+b") as f:             # same inode, new bytes, new mtime
+        f.write(data)
+    os.utime(path, ns=(1, 1))
+    try:
+        shards.load(str(path), location)
+    except ModelError as error:
+        assert "rewritten" in str(error), str(error)
+    else:
+        raise AssertionError("a model rewritten while it was parsed was accepted")
+    finally:
+        location.close_all()
+
+
+def test_load_model_keeps_the_sources_it_parsed_from(tmp_path):
+    from tensorfs.loader import load_model
+
+    index, _, weight_map = write_hf_shards(tmp_path / "hf", 3)
+    model = load_model(str(index))
+    try:
+        assert sorted(model.sources) == sorted(f.path for f in model.files)
+        assert str(index) not in model.sources          # the index itself is closed
+        assert all(s.size == f.file_size for f in model.files
+                   for s in [model.sources[f.path]])
+    finally:
+        model.close()
+    assert INDEX == index.name
