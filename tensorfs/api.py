@@ -85,6 +85,9 @@ class OpenModel:
         self.metadata_types = {key: value.type_name for key, value in model.metadata.items()}
         self.tensors: Mapping[str, TensorInfo] = {t.name: t for t in model.tensors}
         self._sources: dict[str, ModelSource] | None = {}
+        if model.sources:       # the sources load_model parsed from: what was parsed is read
+            self._sources.update(model.sources)
+            return
         try:
             for f in model.files:
                 self._sources[f.path] = ModelSource(f.path, f.file_size)
