@@ -20,6 +20,13 @@ system-deps:
 	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2t64 attr; }; \
 	fi
 	@[ -e /dev/fuse ] || { echo "/dev/fuse is missing: this machine cannot mount FUSE filesystems" >&2; exit 1; }
+	@# nginx: the remote tests run their own (tests/servers.py); its system service is never started
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \
+	  echo "installing nginx (for the remote tests; the service is not started) ..."; \
+	  p=/usr/sbin/policy-rc.d; made=; [ -e $$p ] || { printf '#!/bin/sh\nexit 101\n' >$$p; chmod +x $$p; made=1; }; \
+	  apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; rc=$$?; \
+	  [ -z "$$made" ] || rm -f $$p; exit $$rc; }
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +40,15 @@ $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote]'
 	touch $@
 
+# moto's S3 server for the remote tests, in its own virtualenv: beside s3fs, pip may settle
+# botocore's pins by falling back to ancient s3fs releases.
+MOTO := $(BUILD)/moto-venv
+$(MOTO)/bin/moto_server:
+	$(PYTHON) -m venv $(MOTO)
+	$(MOTO)/bin/python -m pip install -q 'moto[server]==5.2.5'
+
 venv: system-deps $(VENV)/.installed
-test-venv: system-deps $(VENV)/.installed-test
+test-venv: system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
 
 demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)

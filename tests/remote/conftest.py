@@ -1,0 +1,240 @@
+"""Fixtures of the remote tests (SPEC §8): the models, written by the reference writers, served
+by a real nginx (plain HTTP and the Hugging Face Hub's layout) and by moto's S3 server, all
+started here for the session on 127.0.0.1 and stopped at its end; ``rmount`` mounts a URL
+through the real ``tensorfs`` command with the endpoints in its environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.servers import HubRepo, MotoServer, Nginx, Proxy
+
+REMOTE_LIBS = ("fsspec", "aiohttp", "s3fs", "huggingface_hub")
+MISSING = [m for m in REMOTE_LIBS if importlib.util.find_spec(m) is None]
+SKIP_REASON = (f"the remote extra is not installed (missing {', '.join(MISSING)}): "
+               "pip install -e '.[remote]' (make test installs it)")
+
+HF_TOKEN = "hf_tensorfsTESTtoken0123456789"          # the gated repo's token: must leak nowhere
+
+
+def pytest_collection_modifyitems(config, items):
+    if not MISSING:
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+# -- the models -----------------------------------------------------------------------------
+
+@dataclass
+class Model:
+    """One model as a user names it, and the local files holding the same bytes."""
+    files: list[Path]                 # every file of the model (shards in order; index first)
+    entry: str                        # the file a user names (relative to the model's folder)
+    expected: dict = field(default_factory=dict)   # name -> Expected (quantized GGUF)
+
+    @property
+    def folder(self) -> Path:
+        return self.files[0].parent
+
+    @property
+    def local(self) -> Path:
+        return self.folder / self.entry
+
+
+@dataclass
+class Corpus:
+    root: Path
+    models: dict[str, Model]
+
+
+def _write_corpus(root: Path) -> Corpus:
+    from reliability_models import write_mixed_gguf
+    from tests.models import write_gguf, write_safetensors
+    from tests.test_shards import INDEX, write_hf_shards, write_split_gguf
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    models = {}
+    d = root / "single"
+    d.mkdir(parents=True)
+    write_safetensors(d / "model.safetensors")
+    (d / "config.json").write_text('{"model_type": "test"}')
+    models["safetensors"] = Model([d / "model.safetensors"], "model.safetensors")
+
+    d = root / "gguf"
+    d.mkdir()
+    write_gguf(d / "model.gguf", big_endian=False)
+    models["gguf"] = Model([d / "model.gguf"], "model.gguf")
+
+    d = root / "mixed"
+    d.mkdir()
+    expected = write_mixed_gguf(d / "mixed.gguf", seed=3)
+    models["mixed"] = Model([d / "mixed.gguf"], "mixed.gguf", expected)
+
+    index, _, weight_map = write_hf_shards(root / "sharded")
+    (root / "sharded" / "config.json").write_text('{"model_type": "test"}')
+    models["sharded"] = Model([index] + [index.parent / s for s in sorted(set(weight_map.values()))],
+                              INDEX)
+
+    files, _ = write_split_gguf(root / "split")
+    models["split"] = Model(files, files[0].name)
+
+    # several blocks, whatever the block size: a 9 MiB + 1 byte tensor between small ones
+    d = root / "big"
+    d.mkdir()
+    rng = np.random.default_rng(7)
+    save_file({"a.small": rng.standard_normal(5).astype(np.float32),
+               "b.big": rng.integers(0, 255, (9 << 20) + 1, dtype=np.uint8),
+               "c.mid": rng.standard_normal((300, 1000)).astype(np.float32),
+               "d.tiny": np.arange(3, dtype=np.int16)}, str(d / "big.safetensors"))
+    models["big"] = Model([d / "big.safetensors"], "big.safetensors")
+    return Corpus(root, models)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Corpus:
+    return _write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def hub_repos(corpus: Corpus) -> dict[str, HubRepo]:
+    """One repo per model (repo-as-directory needs one model per repo), plus a gated one."""
+    repos = {}
+    for key, model in corpus.models.items():
+        repo = HubRepo(f"tfs/{key}")
+        files = {p.name: p for p in model.files}
+        readme = model.folder / "README.md"
+        readme.write_text(f"# {key}\n")
+        files["README.md"] = readme
+        repo.commit(files)
+        repos[key] = repo
+    gated = HubRepo("tfs/gated", token=HF_TOKEN)
+    gated.commit({"model.safetensors": corpus.models["safetensors"].local})
+    repos["gated"] = gated
+    return repos
+
+
+def publish_files(server: Nginx, corpus: Corpus) -> None:
+    """Every model under /files/KEY/ and /norange/KEY/."""
+    for key, model in corpus.models.items():
+        for path in model.files:
+            server.put(f"files/{key}/{path.name}", path)
+            server.put(f"norange/{key}/{path.name}", path)
+
+
+@pytest.fixture(scope="session")
+def nginx(corpus, tmp_path_factory):
+    """The session's nginx: read-only tests only (a test that changes what is served or stops
+    the server starts its own with ``fresh_nginx``)."""
+    repos = hub_repos(corpus)
+    server = Nginx(tmp_path_factory.mktemp("nginx"), list(repos.values()))
+    publish_files(server, corpus)
+    server.start()
+    server.hub = repos
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_nginx(corpus, tmp_path):
+    """An nginx of this test's own, serving the corpus under /files/; stopped at the end."""
+    servers = []
+
+    def _start(repos=()) -> Nginx:
+        server = Nginx(tmp_path / f"nginx{len(servers)}", list(repos))
+        publish_files(server, corpus)
+        servers.append(server)
+        return server.start()
+
+    yield _start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto(tmp_path_factory):
+    server = MotoServer(tmp_path_factory.mktemp("moto")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(moto, corpus):
+    """Bucket ``models``: every model under KEY/; bucket ``versioned`` (versioning on) is left to
+    the tests that replace objects."""
+    fs = moto.s3fs()
+    fs.mkdir("models")
+    for key, model in corpus.models.items():
+        for path in model.files:
+            fs.put_file(str(path), f"models/{key}/{path.name}")
+    fs.mkdir("versioned")
+    fs.make_bucket_versioned("versioned")
+    return fs
+
+
+@pytest.fixture
+def proxy():
+    """proxy(upstream_port, **kw) -> a started Proxy; all stopped at the end."""
+    started = []
+
+    def _start(port: int, **kw) -> Proxy:
+        p = Proxy(port, **kw).start()
+        started.append(p)
+        return p
+
+    yield _start
+    for p in started:
+        p.stop()
+
+
+# -- running tensorfs against them ------------------------------------------------------------
+
+@pytest.fixture
+def remote_env(nginx, moto, tmp_path) -> dict[str, str]:
+    """The environment a user would set: HF_ENDPOINT at nginx, the AWS endpoint at moto; a
+    private HF_HOME (no token saved on this machine reaches the tests), no HF_TOKEN."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "HUGGING_FACE_", "AWS_"))}
+    env.update(moto.env())
+    env.update({"HF_ENDPOINT": nginx.url, "HF_HOME": str(tmp_path / "hf-home"),
+                "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})
+    return env
+
+
+@pytest.fixture
+def rmount(tmp_path, remote_env):
+    """rmount(url, *options, env=None, name=None) -> mount point, mounted by the real command
+    with ``remote_env`` (plus ``env``); everything mounted is unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def _mount(url: str, *options, env: dict | None = None, name: str | None = None) -> Path:
+        mnt = tmp_path / (name or f"rmnt{len(mounted)}")
+        mnt.mkdir()
+        result = run_tensorfs("mount", url, mnt, *options, env={**remote_env, **(env or {})})
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        mounted.append(mnt)
+        return mnt
+
+    yield _mount
+    for mnt in mounted:
+        result = run_tensorfs("unmount", mnt, env=remote_env)
+        if result.returncode != 0 and fuse_mounts_under(mnt):
+            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+            pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
+    assert fuse_mounts_under(tmp_path) == []
+
+
+def doc_of(mnt: Path) -> dict:
+    return json.loads((mnt / "metadata.json").read_bytes())
