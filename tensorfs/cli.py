@@ -18,7 +18,7 @@ import sys
 import time
 
 from tensorfs import __version__
-from tensorfs.errors import ModelError
+from tensorfs.errors import ModelError, printable
 
 log = logging.getLogger("tensorfs")
 
@@ -160,12 +160,12 @@ def main(argv=None) -> int:
             return cmd_unmount(args)
         return cmd_inspect(args)
     except UsageError as error:
-        print(f"tensorfs: error: {error}", file=sys.stderr)
+        print(f"tensorfs: error: {printable(str(error))}", file=sys.stderr)
         return 2
     except (ModelError, UserError) as error:      # a ModelError's str() is its one line
         if debug:
             raise
-        print(f"tensorfs: error: {error}", file=sys.stderr)
+        print(f"tensorfs: error: {printable(str(error))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
     except Exception as error:
         if debug:
             raise
-        print(f"tensorfs: error: internal error: {type(error).__name__}: {error}", file=sys.stderr)
+        print(f"tensorfs: error: internal error: {type(error).__name__}: {printable(str(error))}",
+              file=sys.stderr)
         return 1
 
 
@@ -193,55 +194,23 @@ def _no_gc_while_building():
 
 # -- inspect --------------------------------------------------------------------------------
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def cmd_inspect(args) -> int:
+    from tensorfs.inspect import write_report
     from tensorfs.loader import load_model
-    from tensorfs.metadata_json import metadata_document, metadata_json_bytes
-    from tensorfs.mounttree import describe
 
     with _no_gc_while_building():
         model = load_model(args.model, _remote_settings(args, parse_size(DEFAULT_CACHE_SIZE)))
         model.close()                   # headers only: nothing more is read
-        paths, plans = describe(model)
-    out = sys.stdout
     if args.json:
-        out.buffer.write(metadata_json_bytes(metadata_document(model, paths, plans)))
-        out.flush()
+        from tensorfs.metadata_json import metadata_document, metadata_json_bytes
+        from tensorfs.mounttree import describe
+
+        paths, plans = describe(model)
+        sys.stdout.buffer.write(metadata_json_bytes(metadata_document(model, paths, plans)))
+        sys.stdout.flush()
         return 0
-    first = model.files[0]
-    version = f" v{first.version}" if first.version is not None else ""
-    histogram: dict[str, int] = {}
-    for t in model.tensors:
-        histogram[t.dtype] = histogram.get(t.dtype, 0) + 1
-    total = sum(t.nbytes for t in model.tensors)
-    lines = [
-        f"file:       {model.source}",
-        f"format:     {first.format}{version}, {first.endianness}-endian"
-        + (f", alignment {first.alignment}" if first.alignment else ""),
-        f"size:       {sum(f.file_size for f in model.files)} bytes"
-        + (f" in {len(model.files)} shards" if len(model.files) > 1 else "")
-        + f", data at byte {first.data_offset}",
-        f"metadata:   {len(model.metadata)} keys",
-        f"tensors:    {len(model.tensors)}, {total} bytes ({_human_bytes(total)})",
-        "dtypes:     " + (", ".join(f"{d} {n}" for d, n in sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))
-                          or "none"),
-        "",
-    ]
-    rows = [("NAME", "DTYPE", "SHAPE", "BYTES")]
-    for t in model.tensors:
-        name = t.name.encode("unicode_escape").decode("ascii") if not t.name.isprintable() else t.name
-        rows.append((name, t.dtype, "[" + ", ".join(map(str, t.shape)) + "]", str(t.nbytes)))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    for r in rows:
-        lines.append(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>}".rstrip())
-    out.write("\n".join(lines) + "\n")
+    write_report(model, sys.stdout)
+    sys.stdout.flush()
     return 0
 
 

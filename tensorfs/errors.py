@@ -9,6 +9,23 @@ and, where there is one, the tensor or metadata key.  The CLI turns it into the 
 from __future__ import annotations
 
 
+def printable(text: str) -> str:
+    """``text`` safe for a terminal, on one line: every character Python does not call
+    printable (C0 and C1 controls, DEL, format characters such as U+202E, line and
+    paragraph separators, lone surrogates) as a Python escape (``\\x1b``, ``\\u202e``);
+    the rest as is.  Used wherever a name, key, value or file name is printed."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else _escape_char(ch) for ch in text)
+
+
+def _escape_char(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 class ModelError(Exception):
     """A model file (or a set of shards) that tensorfs refuses to serve."""
 
@@ -28,7 +45,7 @@ class ModelError(Exception):
             text += f" (byte offset {self.offset})"
         if self.file is not None:
             text = f"{self.file}: {text}"
-        return text.replace("\n", "\\n").replace("\r", "\\r")
+        return printable(text)
 
     def __str__(self) -> str:
         return self.one_line()
