@@ -84,17 +84,10 @@ class OpenModel:
         self.metadata: Mapping = _Metadata(model.metadata)
         self.metadata_types = {key: value.type_name for key, value in model.metadata.items()}
         self.tensors: Mapping[str, TensorInfo] = {t.name: t for t in model.tensors}
-        self._sources: dict[str, ModelSource] | None = {}
-        if model.sources:       # the sources load_model parsed from: what was parsed is read
-            self._sources.update(model.sources)
-            return
-        try:
-            for f in model.files:
-                self._sources[f.path] = ModelSource(f.path, f.file_size)
-        except OSError as error:
-            self.close()
-            raise ModelError("unreadable", f"cannot open: {error.strerror}",
-                             file=error.filename) from None
+        # The sources load_model parsed from (what was validated is what is read); a model
+        # built by hand has none, and its files are opened here.
+        self._sources: dict | None = dict(model.sources) or {
+            f.path: ModelSource(f.path, f.file_size) for f in model.files}
 
     # -- life ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -119,7 +112,7 @@ class OpenModel:
         return self.model.files[0].format
 
     # -- tensors ---------------------------------------------------------------------------
-    def _tensor(self, name: str) -> tuple[TensorInfo, ModelSource]:
+    def _tensor(self, name: str) -> tuple[TensorInfo, object]:
         if self._sources is None:
             raise ValueError("the model is closed")
         try:
