@@ -37,9 +37,7 @@ def parse_source(source) -> ModelFile:
             # safetensors file, and deserves the parser's precise error
             parse = safetensors.parse_safetensors
         else:
-            raise ModelError("unknown_format",
-                             "not a safetensors or GGUF file (unrecognised first bytes)",
-                             offset=0, file=path)
+            raise _unknown_format(prefix, file_size, path)
         mtime = source.stat().st_mtime
         while True:
             try:
@@ -61,6 +59,24 @@ def parse_source(source) -> ModelFile:
         raise ModelError("unreadable", f"read failed: {why}", file=path) from None
     except OSError as error:
         raise ModelError("unreadable", f"read failed: {error.strerror}", file=path) from None
+
+
+# What a newcomer may give instead of a model, told by its first bytes: say what it is.
+def _unknown_format(prefix: bytes, file_size: int, path: str) -> ModelError:
+    if file_size == 0:
+        return ModelError("empty", "the file is empty (0 bytes), not a safetensors or GGUF "
+                          "model", file=path)
+    if prefix.startswith(b"PK\x03\x04"):
+        what = "a zip archive (a PyTorch checkpoint, as torch.save writes?)"
+    elif prefix[:1] == b"\x80" and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        what = "a Python pickle (a PyTorch checkpoint?)"
+    else:
+        return ModelError("unknown_format",
+                          "not a safetensors or GGUF file (unrecognised first bytes)",
+                          offset=0, file=path)
+    return ModelError("pytorch", f"{what}: tensorfs reads safetensors and GGUF, not PyTorch "
+                      "pickles; convert it to safetensors first (safetensors.torch.save_file)",
+                      file=path)
 
 
 def parse_model_file(path: str) -> ModelFile:

@@ -280,11 +280,14 @@ def _read_index(path: str, loc: Location | None = None) -> tuple[dict, dict[str,
         raise _error("index_json", "index JSON nests too deep", path) from None
     if not isinstance(doc, dict):
         raise _error("index_json", f"index must be a JSON object, not {_json_type(doc)}", path)
+    if "weight_map" not in doc:       # config.json, tokenizer.json ... beside the model
+        raise _error("index_json", "not a safetensors index (a JSON object without "
+                     "\"weight_map\"): give the model file, its *.safetensors.index.json or "
+                     "its directory", path)
     weight_map = doc.get("weight_map")
     if not isinstance(weight_map, dict):
-        what = "missing" if "weight_map" not in doc else f"a JSON {_json_type(weight_map)}"
         raise _error("index_json", f"index \"weight_map\" must be an object of tensor -> shard "
-                     f"file, but it is {what}", path)
+                     f"file, but it is a JSON {_json_type(weight_map)}", path)
     if not {str}.issuperset(map(type, weight_map.values())):    # all str: at C speed
         tensor, shard = next((t, s) for t, s in weight_map.items() if not isinstance(s, str))
         raise _error("index_json", f"index \"weight_map\" gives tensor {_quote(tensor)} a "
