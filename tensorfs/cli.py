@@ -1,7 +1,9 @@
-"""The command line (SPEC §1): mount, unmount, inspect.
+"""The command line (SPEC §1): mount, unmount, inspect, list.
 
 Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
-failure and 2 for a usage error; a traceback only with ``--debug``.
+failure and 2 for a usage error; a traceback only with ``--debug``.  The line is escaped as a
+whole (``tensorfs.errors.printable``): whatever name it quotes, no control character reaches
+the terminal.  The daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 from tensorfs import __version__
+from tensorfs.daemon import DaemonError
 from tensorfs.errors import ModelError, printable
+from tensorfs.mountoptions import OptionError
+from tensorfs.runtime import RuntimeDirError
 
 log = logging.getLogger("tensorfs")
 
 DEFAULT_CACHE_SIZE = "256M"
 DEFAULT_DISK_CACHE_SIZE = "10G"
 DEFAULT_TIMEOUT_S = 60.0
-READY_TIMEOUT_S = 60
-UNMOUNT_WAIT_S = 30
+COMMANDS = ("mount", "unmount", "umount", "inspect", "list")
+
+MODEL_HELP = ("a .safetensors or .gguf file (the format is told from its bytes), a "
+              "model.safetensors.index.json, a directory holding one model, the first shard "
+              "of a split GGUF (…-00001-of-000NN.gguf), or a URL (https://, hf://, s3://, …)")
 
 
 class UserError(Exception):
@@ -50,33 +57,37 @@ def parse_size(text: str) -> int:
     return int(match.group(1)) * scale
 
 
-def parse_fuse_options(text: str) -> dict:
-    options: dict = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        options[key] = value if sep else True
-    return options
+DEBUG_HELP = ("log every FUSE error and debug detail, and show the traceback of a failure "
+              "instead of one line")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tensorfs",
                      description="Mount a safetensors or GGUF model file as a tree of tensors.")
     parser.add_argument("--version", action="version", version=f"tensorfs {__version__}")
-    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    mount = sub.add_parser("mount", help="mount MODEL at MOUNTPOINT")
-    mount.add_argument("model", metavar="MODEL")
-    mount.add_argument("mountpoint", metavar="MOUNTPOINT")
+    mount = sub.add_parser("mount", help="mount MODEL at MOUNTPOINT",
+                           description="Mount MODEL read-only at MOUNTPOINT (an empty directory) "
+                           "and return once the mount is live.  MODEL is " + MODEL_HELP + ".")
+    mount.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
     mount.add_argument("--foreground", "-f", action="store_true",
                        help="stay attached; Ctrl-C or SIGTERM unmounts")
-    mount.add_argument("--layout", choices=("tree", "flat"), default="tree")
+    mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
+                       help="tree (default): a tensor a.b.c is the file a/b/c; flat: every "
+                       "tensor at the top level under its full name")
     mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
-                       metavar="SIZE", help=f"bytes of generated content kept (default {DEFAULT_CACHE_SIZE})")
+                       metavar="SIZE", help="memory kept for generated content (converted .npy "
+                       f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
-                       help="extra FUSE mount options")
-    mount.add_argument("--log", metavar="FILE", help="daemon log (default: in the runtime directory)")
-    mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+                       help="FUSE mount options: allow_other, allow_root, max_read=N, "
+                       "fsname=NAME, attr_timeout=S ... (docs/cli.md); rw is refused")
+    mount.add_argument("--log", metavar="FILE", help="daemon log (default: in the runtime "
+                       "directory, removed after a clean unmount)")
+    mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    mount.add_argument("--from-mount-helper", action="store_true", help=argparse.SUPPRESS)
     _remote_options(mount)
     mount.add_argument("--disk-cache", metavar="DIR[:SIZE]", type=parse_disk_cache,
                        help="also keep fetched blocks of a URL's files on disk, in DIR "
@@ -85,16 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("unmount", "umount"):
         un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"
                             else "alias of unmount")
-        un.add_argument("mountpoint", metavar="MOUNTPOINT")
+        un.add_argument("mountpoint", metavar="MOUNTPOINT", help="a tensorfs mount point")
         un.add_argument("--lazy", "-z", action="store_true",
                         help="detach a busy mount now; it goes when its last user closes it")
-        un.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+        un.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
-    inspect = sub.add_parser("inspect", help="describe MODEL without mounting it")
-    inspect.add_argument("model", metavar="MODEL")
+    inspect = sub.add_parser("inspect", help="describe MODEL without mounting it",
+                             description="Describe MODEL without mounting it.  MODEL is "
+                             + MODEL_HELP + ".")
+    inspect.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     inspect.add_argument("--json", action="store_true", help="print what metadata.json would hold")
-    inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
+    inspect.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     _remote_options(inspect)
+
+    listing = sub.add_parser("list", help="the live tensorfs mounts of the calling user",
+                             description="One row per live tensorfs mount of the calling user: "
+                             "mount point, source, daemon pid, tensor count, state.")
+    listing.add_argument("--json", action="store_true", help="a JSON array of objects")
+    listing.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -147,25 +166,79 @@ def _remote_settings(args, cache_size: int):
                           cache_bytes=cache_size, disk_cache=getattr(args, "disk_cache", None))
 
 
+def _say_error(text: str) -> None:
+    """The one error line, escaped as a whole: the last line of defence against a name
+    that carries ESC or BEL to the terminal."""
+    line = "tensorfs: error: " + printable(str(text))
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def mount_helper_argv(argv: list[str]) -> list[str] | None:
+    """The fuse(8) calling convention, ``SOURCE MOUNTPOINT [-o OPTS]`` (what mount.fuse3
+    runs for an fstab line of type fuse.tensorfs, and mount(8) for mount.fuse.tensorfs),
+    as a ``mount`` command line; None when ``argv`` is not that."""
+    positional, options, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-o" and i + 1 < len(argv):
+            options.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("-o") and len(arg) > 2:
+            options.append(arg[2:])
+        elif arg in ("-n", "-s", "-v", "-f"):       # mount(8)'s: no mtab, sloppy, verbose, fake
+            pass
+        elif arg == "-t" and i + 1 < len(argv):     # the type: fuse.tensorfs
+            i += 1
+        elif arg.startswith("-"):
+            return None
+        else:
+            positional.append(arg)
+        i += 1
+    if len(positional) != 2 or positional[0] in COMMANDS:
+        return None
+    return ["mount", positional[0], positional[1], "--from-mount-helper"] + \
+        [x for o in options for x in ("-o", o)]
+
+
+def mount_helper_main() -> int:
+    """``mount.fuse.tensorfs SOURCE MOUNTPOINT [-o OPTS]``: mount(8)'s helper for type
+    fuse.tensorfs (an fstab line)."""
+    argv = mount_helper_argv(sys.argv[1:])
+    if argv is None:
+        _say_error("usage: mount.fuse.tensorfs MODEL MOUNTPOINT [-o OPTIONS]")
+        return 2
+    return main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv = mount_helper_argv(argv) or argv
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: mount, unmount or inspect (see --help)")
+            raise UsageError("a command is required: mount, unmount, inspect or list (see --help)")
         if args.command == "mount":
             return cmd_mount(args)
         if args.command in ("unmount", "umount"):
             return cmd_unmount(args)
+        if args.command == "list":
+            return cmd_list(args)
         return cmd_inspect(args)
-    except UsageError as error:
-        print(f"tensorfs: error: {printable(str(error))}", file=sys.stderr)
+    except (UsageError, OptionError) as error:
+        _say_error(error)
         return 2
-    except (ModelError, UserError) as error:      # a ModelError's str() is its one line
+    except (ModelError, UserError, DaemonError, RuntimeDirError) as error:
+        # a ModelError's str() is its one line
         if debug:
             raise
-        print(f"tensorfs: error: {printable(str(error))}", file=sys.stderr)
+        _say_error(error)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -174,8 +247,7 @@ def main(argv=None) -> int:
     except Exception as error:
         if debug:
             raise
-        print(f"tensorfs: error: internal error: {type(error).__name__}: {printable(str(error))}",
-              file=sys.stderr)
+        _say_error(f"internal error: {type(error).__name__}: {error}")
         return 1
 
 
@@ -216,7 +288,7 @@ def cmd_inspect(args) -> int:
 
 # -- mount ----------------------------------------------------------------------------------
 
-def check_mountpoint(path: str) -> str:
+def check_mountpoint(path: str, model: str | None = None) -> str:
     from tensorfs.runtime import mount_type
 
     if mount_type(path) is not None:
@@ -224,7 +296,13 @@ def check_mountpoint(path: str) -> str:
     if not os.path.exists(path):
         raise UserError(f"{path}: mount point does not exist")
     if not os.path.isdir(path):
-        raise UserError(f"{path}: mount point is not a directory")
+        if model is not None and os.path.isdir(model) and not os.listdir(model):
+            raise UserError(f"{path}: mount point is not a directory, and {model} is an empty "
+                            f"directory: the arguments look swapped (tensorfs mount MODEL "
+                            f"MOUNTPOINT)")
+        raise UserError(f"{path}: mount point is not a directory" +
+                        (" (it looks like a model: tensorfs mount MODEL MOUNTPOINT)"
+                         if os.path.isfile(path) else ""))
     try:
         if os.listdir(path):
             raise UserError(f"{path}: mount point is not empty")
@@ -233,111 +311,33 @@ def check_mountpoint(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _setup_logging(log_file: str | None, debug: bool) -> None:
-    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s tensorfs[%(process)d] %(levelname)s %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-
-
 def _fsname(model_path: str) -> str:
     # Option values cannot hold "," or "\" safely: keep the name readable, drop the rest.
     return "tensorfs:" + re.sub(r"[^A-Za-z0-9._+-]", "_", os.path.basename(model_path))[:100]
 
 
 def fuse_options(args, model_path: str) -> dict:
+    from tensorfs import mountoptions
+
     options = {
         "ro": True,                    # every write is refused by the kernel with EROFS
+        "nodev": True,                 # no file here is a device node or setuid: say so,
+        "nosuid": True,                # whatever mount.fuse3 adds (tensorfs.mountoptions)
         "attr_timeout": 86400,         # the model is immutable: attributes, names and
         "entry_timeout": 86400,        # misses are cached for a day (pages and listings
         "negative_timeout": 86400,     # stay cached across opens: tensorfs.fuse3)
         "default_permissions": True,   # the kernel checks the 0444/0555 modes
         "fsname": _fsname(model_path),
-        "subtype": "tensorfs",         # shows as fuse.tensorfs in mount / mountinfo
     }
-    for text in args.fuse_options:
-        options.update(parse_fuse_options(text))
+    options.update(mountoptions.parse(args.fuse_options,
+                                      from_mount_helper=getattr(args, "from_mount_helper", False)))
+    options["subtype"] = "tensorfs"    # shows as fuse.tensorfs: how list and unmount know it
     return options
 
 
-def cmd_mount(args) -> int:
-    from tensorfs.cache import ByteLRU
-    from tensorfs.loader import load_model
-    from tensorfs.mounttree import build_mount
-    from tensorfs.runtime import default_log_file, pid_file
-
-    mountpoint = check_mountpoint(args.mountpoint)
-    with _no_gc_while_building():
-        model = load_model(args.model, _remote_settings(args, args.cache_size))
-        mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
-    st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
-    options = fuse_options(args, model.source)
-    debug = getattr(args, "debug", False)
-
-    if args.foreground:
-        _setup_logging(args.log, debug)
-        _write_pid_file(pid_file(mountpoint))     # so that unmount waits for this process too
-        try:
-            return _serve(mounted, mountpoint, st, options, on_ready=None)
-        finally:
-            _remove_pid_file(pid_file(mountpoint))
-
-    log_file = args.log or default_log_file(mountpoint)
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                   # the daemon
-        os.close(ready_r)
-        code = 1
-        try:
-            os.setsid()
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
-            _setup_logging(log_file, debug)
-            _write_pid_file(pid_file(mountpoint))
-
-            def ready():
-                os.write(ready_w, b"ok")
-                os.close(ready_w)
-
-            code = _serve(mounted, mountpoint, st, options, on_ready=ready)
-        except BaseException as error:
-            log.exception("daemon failed")
-            try:
-                os.write(ready_w, f"error: {error}".encode()[:4000])
-            except OSError:
-                pass
-        finally:
-            _remove_pid_file(pid_file(mountpoint))
-            os._exit(code)
-
-    os.close(ready_w)
-    message = _wait_ready(ready_r, pid)
-    if message != "ok":
-        raise UserError(f"{mountpoint}: mount failed: {message or 'the daemon exited'} (log: {log_file})")
-    return 0
-
-
-def _wait_ready(fd: int, pid: int) -> str:
-    import select
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    chunks = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            if b"".join(chunks) == b"ok":
-                break
-    os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
-
-
-def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> int:
+def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> None:
+    """Runs in the serving process (the daemon, after the fork): start what must start
+    there, then serve until unmounted."""
     from tensorfs.fuse3 import FuseUnavailable
     from tensorfs.fusefs import serve
 
@@ -351,22 +351,78 @@ def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> int:
         raise UserError(str(error)) from None
     finally:
         mounted.close()
-        log.info("unmounted %s", mountpoint)
+
+
+def shown_source(source: str) -> str:
+    """The source as ``list`` shows it: a URL without its credentials (user:password@, a
+    query string that may hold a signed token)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in source:
+        return os.path.abspath(source)
+    try:
+        parts = urlsplit(source)
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, "…" if parts.query else "", ""))
+    except ValueError:
+        return source.split("://", 1)[0] + "://…"
+
+
+def cmd_mount(args) -> int:
+    from tensorfs import daemon
+    from tensorfs.cache import ByteLRU
+    from tensorfs.loader import load_model
+    from tensorfs.mounttree import build_mount
+
+    inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
+    mountpoint = check_mountpoint(args.mountpoint, args.model)
+    debug = getattr(args, "debug", False)
+    log_fd = None
+    if args.log is not None or not args.foreground:
+        log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
+    try:
+        with _no_gc_while_building():
+            model = load_model(args.model, _remote_settings(args, args.cache_size))
+            mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
+        st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
+        options = fuse_options(args, model.source)
+    except BaseException:
+        if log_fd is not None:
+            os.close(log_fd)
+            if default_log:
+                os.unlink(log_path)      # nothing was logged: no mount was attempted
+        raise
+    info = {"source": shown_source(str(model.source)), "tensors": len(model.tensors)}
+
+    def serve(on_ready):
+        _serve(mounted, mountpoint, st, options, on_ready)
+
+    if args.foreground:
+        daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,
+                              debug=debug)
+    else:
+        daemon.run_background(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
+                              default_log=default_log, inherited=inherited, debug=debug)
     return 0
 
 
 # -- unmount --------------------------------------------------------------------------------
 
 def cmd_unmount(args) -> int:
-    from tensorfs.runtime import mount_type, pid_file
+    from tensorfs import daemon
+    from tensorfs.runtime import mount_type
 
-    mountpoint = os.path.realpath(args.mountpoint) if os.path.lexists(args.mountpoint) else args.mountpoint
+    if not os.path.lexists(args.mountpoint) and mount_type(args.mountpoint) is None:
+        raise UserError(f"{args.mountpoint}: no such file or directory")
+    mountpoint = os.path.realpath(args.mountpoint)
     kind = mount_type(mountpoint)
     if kind is None:
         raise UserError(f"{args.mountpoint}: not mounted")
-    if not kind.startswith("fuse"):
-        raise UserError(f"{args.mountpoint}: not a tensorfs mount ({kind})")
-    pid = _read_pid(pid_file(mountpoint))
+    if kind != "fuse.tensorfs":
+        raise UserError(f"{args.mountpoint}: not a tensorfs mount ({kind}): not unmounted")
+    pid = daemon.daemon_pid(mountpoint)
     command = ["fusermount", "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
     try:
         result = subprocess.run(command, capture_output=True, text=True)
@@ -379,77 +435,45 @@ def cmd_unmount(args) -> int:
                             f"--lazy detaches it now and unmounts when it is no longer used)")
         raise UserError(f"{args.mountpoint}: unmount failed: {detail}")
     if pid is None:
-        _remove_pid_file(pid_file(mountpoint))    # a daemon that died (SIGKILL) left it
+        daemon.forget(mountpoint)     # a daemon that died (SIGKILL) left its files
     elif not args.lazy:
-        _wait_exit(pid)
+        daemon.wait_exit(pid)
     return 0
 
 
-# -- the pid file: the daemon's pid, one line.  A daemon killed with SIGKILL leaves it behind,
-#    and its pid may be reused: a process that started after the file was written is not
-#    the one that wrote it (the file's mtime against /proc/PID/stat's start time).
+# -- list -----------------------------------------------------------------------------------
 
-def _write_pid_file(path: str) -> None:
-    tmp = f"{path}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(f"{os.getpid()}\n")
-    os.replace(tmp, path)
+def cmd_list(args) -> int:
+    import json
 
+    from tensorfs import daemon
+    from tensorfs.runtime import tensorfs_mounts
 
-def _remove_pid_file(path: str) -> None:
-    """Remove the pid file if it is this process's, or names no live daemon."""
-    try:
-        if _read_pid(path, check=False) in (None, os.getpid()) or _read_pid(path) is None:
-            os.unlink(path)
-    except OSError:
-        pass
-
-
-def _started_at(pid: int) -> float | None:
-    """When ``pid`` started, in seconds since the epoch (to about a second: boot time is)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
-        with open("/proc/stat", "rb") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
-    except (OSError, IndexError, ValueError, StopIteration):
-        return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _read_pid(path: str, check: bool = True) -> int | None:
-    """The daemon's pid from its pid file; None when there is none, or (``check``) when that
-    process is gone or is another one that got the pid after the daemon died."""
-    try:
-        with open(path) as f:
-            pid = int(f.read().split()[0])
-        written = os.stat(path).st_mtime
-    except (OSError, ValueError, IndexError):
-        return None
-    if not check:
-        return pid
-    if not _running(pid):
-        return None
-    started = _started_at(pid)
-    if started is not None and started > written + 2:   # 2 s: boot time is whole seconds
-        return None
-    return pid
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphaned daemon waits for init to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
-
-
-def _wait_exit(pid: int) -> None:
-    deadline = time.monotonic() + UNMOUNT_WAIT_S
-    while time.monotonic() < deadline:
-        if not _running(pid):
-            return
-        time.sleep(0.01)
-    raise UserError(f"daemon {pid} did not exit within {UNMOUNT_WAIT_S} s after unmount")
+    rows = []
+    for mountpoint in tensorfs_mounts(os.geteuid()):
+        status = daemon.read_status(mountpoint) or {}
+        pid = daemon.daemon_pid(mountpoint)
+        if pid is None and status:
+            state, reason = "daemon gone", "the daemon exited: tensorfs unmount it"
+        elif pid is None or status.get("pid") != pid:
+            state, reason = "unknown", "no status in this user's runtime directory"
+            status = {}
+        else:
+            state, reason = status.get("state", "unknown"), status.get("reason")
+        rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
+                     "tensors": status.get("tensors"), "state": state, "reason": reason,
+                     "log": status.get("log")})
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=True) + "\n")
+        return 0
+    if not rows:
+        return 0
+    table = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
+    for row in rows:
+        state = row["state"] + (f": {row['reason']}" if row["reason"] else "")
+        table.append(tuple(printable(str(v if v is not None else "-")) for v in
+                           (row["mountpoint"], row["source"], row["pid"], row["tensors"], state)))
+    widths = [min(60, max(len(r[i]) for r in table)) for i in range(4)]
+    for r in table:
+        sys.stdout.write("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4] + "\n")
+    return 0

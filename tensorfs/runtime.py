@@ -1,21 +1,126 @@
-"""Where a mount's daemon leaves its pid file and log, and how to tell what is mounted."""
+"""Where a mount's daemon keeps its runtime files, and how to tell what is mounted.
+
+Runtime files (SPEC §10; docs/reliability.md "Runtime files and process hygiene"): the pid
+file, the status file ``tensorfs list`` reads and the default log live in a directory that
+only the user can write, because a directory someone else can write lets them plant a
+symlink where the daemon is about to create a file, and the daemon would then write its pid
+over, or append its log to, whatever the link names:
+
+- ``$XDG_RUNTIME_DIR/tensorfs``, if ``$XDG_RUNTIME_DIR`` is a directory (not a symlink)
+  owned by the user that neither group nor others can write; otherwise it is passed over;
+- ``/run/tensorfs`` for root;
+- else ``/tmp/tensorfs-UID``, created 0700.
+
+The directory chosen is created 0700 if missing and refused, with one line, if it is a
+symlink, is not a directory, belongs to someone else or can be written by group or others.
+Files in it are created with ``O_NOFOLLOW | O_EXCL`` (a file written whole goes to a fresh
+temporary name, then is renamed over the old one) through a descriptor of the checked
+directory, so nothing in it is reached through a symlink.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
+
+
+class RuntimeDirError(Exception):
+    """No safe place for the runtime files: said in one line by the CLI."""
+
+
+def _unsafe(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with this lstat cannot hold uid's runtime files, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid != uid:
+        return f"it belongs to uid {st.st_uid}, not {uid}"
+    if st.st_mode & 0o022:
+        return f"group or others can write it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _private_dir(path: str, uid: int) -> str:
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise RuntimeDirError(f"{path}: cannot create the runtime directory: "
+                              f"{error.strerror}") from None
+    why = _unsafe(os.lstat(path), uid)
+    if why is not None:
+        raise RuntimeDirError(f"{path}: refused as the runtime directory: {why} (remove it, "
+                              "or set XDG_RUNTIME_DIR to a directory only you can write)")
+    return path
 
 
 def runtime_dir() -> str:
+    uid = os.geteuid()
     base = os.environ.get("XDG_RUNTIME_DIR")
-    if base and os.access(base, os.W_OK):
-        path = os.path.join(base, "tensorfs")
-    elif os.geteuid() == 0 and os.access("/run", os.W_OK):
-        path = "/run/tensorfs"
-    else:
-        path = f"/tmp/tensorfs-{os.getuid()}"
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    if base and os.path.isabs(base):
+        try:
+            trusted = _unsafe(os.lstat(base), uid) is None
+        except OSError:
+            trusted = False
+        if trusted:
+            return _private_dir(os.path.join(base, "tensorfs"), uid)
+    if uid == 0 and os.path.isdir("/run"):
+        return _private_dir("/run/tensorfs", uid)
+    return _private_dir(f"/tmp/tensorfs-{uid}", uid)
+
+
+def open_runtime_dir() -> tuple[str, int]:
+    """(path, descriptor) of the runtime directory, checked again through the descriptor:
+    what is opened is what was checked, whatever happens to the path afterwards."""
+    path = runtime_dir()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    why = _unsafe(os.fstat(fd), os.geteuid())
+    if why is not None:
+        os.close(fd)
+        raise RuntimeDirError(f"{path}: refused as the runtime directory: {why}")
+    return path, fd
+
+
+def write_file(dir_fd: int, name: str, data: bytes) -> None:
+    """Replace ``name`` in the runtime directory with ``data``, whole or not at all: written
+    to a fresh name (``O_EXCL | O_NOFOLLOW``), renamed over.  A failure (ENOSPC) leaves no
+    temporary file behind."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
+    """A runtime file's bytes (never through a symlink), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _stem(mountpoint: str) -> str:
@@ -26,6 +131,10 @@ def _stem(mountpoint: str) -> str:
 
 def pid_file(mountpoint: str) -> str:
     return os.path.join(runtime_dir(), _stem(mountpoint) + ".pid")
+
+
+def status_file(mountpoint: str) -> str:
+    return os.path.join(runtime_dir(), _stem(mountpoint) + ".json")
 
 
 def default_log_file(mountpoint: str) -> str:
@@ -76,3 +185,22 @@ def mount_device(real_mountpoint: str) -> str | None:
     single-threaded daemon asking about its own mount waits for itself."""
     found = _mountinfo(real_mountpoint)
     return found[0] if found else None
+
+
+def tensorfs_mounts(uid: int | None = None) -> list[str]:
+    """Mount points of the tensorfs mounts (type fuse.tensorfs) that ``uid`` made (the
+    kernel's user_id of a FUSE mount), in mount order; every user's when ``uid`` is None."""
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, tail = left.split(), right.split()
+                if len(fields) < 5 or len(tail) < 3 or tail[0] != "fuse.tensorfs":
+                    continue
+                options = dict(o.partition("=")[::2] for o in tail[2].split(","))
+                if uid is None or options.get("user_id") == str(uid):
+                    found.append(_unescape_mountinfo(fields[4]))
+    except OSError:
+        return []
+    return found

@@ -53,6 +53,7 @@ import stat
 import threading
 import time
 
+from tensorfs.daemon import report_state
 from tensorfs.errors import ModelError
 
 log = logging.getLogger("tensorfs")
@@ -101,6 +102,7 @@ class ModelSource:
 
     def __init__(self, path: str, expected_size: int | None = None):
         self.path = path
+        self._abspath = os.path.abspath(path)     # the daemon works from "/" (tensorfs.daemon)
         self.fd = open_regular_file(path)
         self._warn_lock = threading.Lock()
         st = os.fstat(self.fd)
@@ -201,6 +203,8 @@ class ModelSource:
             self.broken = f"the model file was {what} since it was mounted"
             log.error("%s: %s; every read of it now fails with EIO (unmount and mount "
                       "again to serve the new contents)", self.path, self.broken)
+            report_state("source changed", f"{self.path}: {self.broken}: every read fails "
+                         "with EIO")
 
     def _check_path(self, st: os.stat_result) -> None:
         """Rename-replacement or deletion: the descriptor keeps the mounted file."""
@@ -208,7 +212,7 @@ class ModelSource:
         if self._replaced_logged:
             return
         try:
-            now = os.stat(self.path)
+            now = os.stat(self._abspath)
             what = "another file was renamed over it" if (now.st_dev, now.st_ino) != \
                 self._identity else None
         except OSError:
@@ -220,6 +224,8 @@ class ModelSource:
             log.warning("%s: the path no longer names the mounted file (%s); this mount keeps "
                         "serving the file as it was at mount time: unmount and mount again to "
                         "serve the new one", self.path, what)
+            report_state("source changed", f"{self.path}: {what}; the file as mounted still "
+                         "serves")
 
     def close(self) -> None:
         try:

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The suite's own runtime directory (pid files, status files, default logs): not the user's
+# /run/tensorfs, where a few hundred test mounts' logs would pile up.  Set before any test
+# runs, so the tests' own lookups (tensorfs.runtime.pid_file) and every tensorfs they start
+# agree on it.
+RUNTIME_DIR = tempfile.mkdtemp(prefix="tensorfs-test-run-")
+os.environ["XDG_RUNTIME_DIR"] = RUNTIME_DIR
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
+
 
 _SCRIPT = Path(sys.executable).with_name("tensorfs")
 TENSORFS = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "tensorfs"]

@@ -99,7 +99,7 @@ def test_a_mount_option_libfuse_refuses_is_one_line(tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     result = run_tensorfs("mount", path, mnt, "-o", "no_such_option")
-    assert result.returncode == 1
+    assert result.returncode == 2          # refused before mounting: a usage error
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "no_such_option" in result.stderr
     assert not os.path.ismount(mnt)

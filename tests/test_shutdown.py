@@ -94,10 +94,9 @@ def mnt(tmp_path):
     path.mkdir()
     yield path
     if fuse_mounts_under(path):
-        from tensorfs.cli import _read_pid
-        from tensorfs.runtime import pid_file
+        from tensorfs.daemon import daemon_pid
 
-        pid = _read_pid(pid_file(str(path)))
+        pid = daemon_pid(str(path))
         if pid is not None:
             os.kill(pid, signal.SIGCONT)
             os.kill(pid, signal.SIGKILL)
