@@ -373,6 +373,30 @@ class Nginx:
             self.proc.stderr.close()
             self.proc = None
 
+    def reload(self) -> None:
+        """Publish the repos again and load the new config (SIGHUP); returns once the
+        workers answer from it (nginx swaps its workers asynchronously)."""
+        self.publish()
+        (self.prefix / "nginx.conf").write_text(self.config())
+        self.proc.send_signal(signal.SIGHUP)
+        probe = [(r, b, s) for r in self.repos for b, s in r.branches.items()]
+        deadline = time.monotonic() + 10
+        while probe and time.monotonic() < deadline:
+            import http.client
+
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            try:
+                repo, branch, sha = probe[0]
+                conn.request("HEAD", f"/{repo.repo_id}/resolve/{branch}/x")
+                if conn.getresponse().getheader("X-Repo-Commit") == sha:
+                    probe.pop(0)
+                    continue
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.05)
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -9,12 +9,12 @@ import importlib.util
 import json
 import os
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.remote.remote_checks import HF_TOKEN, Corpus, Model
 from tests.servers import HubRepo, MotoServer, Nginx, Proxy
 
 REMOTE_LIBS = ("fsspec", "aiohttp", "s3fs", "huggingface_hub")
@@ -22,7 +22,6 @@ MISSING = [m for m in REMOTE_LIBS if importlib.util.find_spec(m) is None]
 SKIP_REASON = (f"the remote extra is not installed (missing {', '.join(MISSING)}): "
                "pip install -e '.[remote]' (make test installs it)")
 
-HF_TOKEN = "hf_tensorfsTESTtoken0123456789"          # the gated repo's token: must leak nowhere
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,28 +34,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- the models -----------------------------------------------------------------------------
-
-@dataclass
-class Model:
-    """One model as a user names it, and the local files holding the same bytes."""
-    files: list[Path]                 # every file of the model (shards in order; index first)
-    entry: str                        # the file a user names (relative to the model's folder)
-    expected: dict = field(default_factory=dict)   # name -> Expected (quantized GGUF)
-
-    @property
-    def folder(self) -> Path:
-        return self.files[0].parent
-
-    @property
-    def local(self) -> Path:
-        return self.folder / self.entry
-
-
-@dataclass
-class Corpus:
-    root: Path
-    models: dict[str, Model]
-
 
 def _write_corpus(root: Path) -> Corpus:
     from reliability_models import write_mixed_gguf
@@ -234,7 +211,3 @@ def rmount(tmp_path, remote_env):
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
             pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
     assert fuse_mounts_under(tmp_path) == []
-
-
-def doc_of(mnt: Path) -> dict:
-    return json.loads((mnt / "metadata.json").read_bytes())

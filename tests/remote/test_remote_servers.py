@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.remote.conftest import HF_TOKEN
+from tests.remote.remote_checks import HF_TOKEN
 from tests.servers import parse_range
 
 
