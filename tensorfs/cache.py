@@ -52,6 +52,20 @@ class ByteLRU:
                 del self._in_flight[key]
             done.set()
 
+    def lookup(self, key: Hashable):
+        """The cached value for ``key``, or None (nothing is computed)."""
+        with self._mutex:
+            value = self._lru.get(key)
+            if value is not None:
+                self.hits += 1
+            return value
+
+    def put(self, key: Hashable, value: bytes) -> None:
+        """Keep ``value`` (a remote block: tensorfs.blockcache), unless larger than the cache."""
+        with self._mutex:
+            if len(value) <= self.max_bytes:
+                self._lru[key] = value
+
     def peek(self, key: Hashable) -> bool:
         with self._mutex:
             return key in self._lru or key in self._in_flight

@@ -152,18 +152,21 @@ def _storage_options(args) -> dict:
     return dict(getattr(args, "storage_options", None) or [])
 
 
-def _remote_settings(args, cache_size: int):
-    """How a URL's files are read (tensorfs.remote); nothing for a local file."""
+def _remote_settings(args, cache):
+    """How a URL's files are read (tensorfs.remote); nothing for a local file.  ``cache``:
+    the mount's LRU, which holds the fetched blocks too (one --cache-size)."""
     from tensorfs.location import is_url
 
     if not is_url(args.model):
+        if args.storage_options or getattr(args, "disk_cache", None):
+            raise UsageError("--storage-option and --disk-cache apply to a URL only")
         return None
-    if args.timeout <= 0:
+    if not args.timeout > 0:
         raise UsageError("--timeout must be more than 0 seconds")
     from tensorfs.remote import RemoteSettings
 
     return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
-                          cache_bytes=cache_size, disk_cache=getattr(args, "disk_cache", None))
+                          cache=cache, disk_cache=getattr(args, "disk_cache", None))
 
 
 def _say_error(text: str) -> None:
@@ -271,7 +274,7 @@ def cmd_inspect(args) -> int:
     from tensorfs.loader import load_model
 
     with _no_gc_while_building():
-        model = load_model(args.model, _remote_settings(args, parse_size(DEFAULT_CACHE_SIZE)))
+        model = load_model(args.model, _remote_settings(args, None))
         model.close()                   # headers only: nothing more is read
     if args.json:
         from tensorfs.metadata_json import metadata_document, metadata_json_bytes
@@ -384,8 +387,9 @@ def cmd_mount(args) -> int:
         log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
     try:
         with _no_gc_while_building():
-            model = load_model(args.model, _remote_settings(args, args.cache_size))
-            mounted = build_mount(model, ByteLRU(args.cache_size), args.layout)
+            cache = ByteLRU(args.cache_size)
+            model = load_model(args.model, _remote_settings(args, cache))
+            mounted = build_mount(model, cache, args.layout)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)
     except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from tensorfs.location import is_url
 from tensorfs.model import Model
 from tensorfs.plan import ViewPlan
 
@@ -22,10 +23,18 @@ def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan]) -> 
         "metadata": {key: value.value() for key, value in model.metadata.items()},
         "metadata_types": {key: value.type_name for key, value in model.metadata.items()},
     }
+    remote = is_url(model.source)
+    if remote:      # SPEC §8: the URL as shown (no credentials), the version each file had
+        doc["source"] = model.source
+        if not model.sharded:
+            doc["version"] = _version(model, first)
     if model.sharded:
         doc["shards"] = [{"file": os.path.basename(f.path), "size": f.file_size,
                           "format": f.format, "data_offset": f.data_offset}
                          for f in model.files]
+        if remote:
+            for entry, f in zip(doc["shards"], model.files):
+                entry["version"] = _version(model, f)
     tensors = {}
     for tensor in model.tensors:
         plan = plans[tensor.name]
@@ -45,6 +54,11 @@ def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan]) -> 
         tensors[tensor.name] = entry
     doc["tensors"] = tensors
     return doc
+
+
+def _version(model: Model, f) -> str | None:
+    source = model.sources.get(f.path)
+    return getattr(source, "version", None)
 
 
 def metadata_json_bytes(doc: dict) -> bytes:
