@@ -49,6 +49,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def parse_views(text: str) -> tuple[str, ...]:
+    views = {v.strip() for v in text.split(",") if v.strip()}
+    if not views or not views <= {"raw", "npy"}:
+        raise argparse.ArgumentTypeError(f"not a list of views: {text!r} (raw, npy or raw,npy)")
+    return tuple(v for v in ("raw", "npy") if v in views)
+
+
 def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not match:
@@ -78,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
                        help="tree (default): a tensor a.b.c is the file a/b/c; flat: every "
                        "tensor at the top level under its full name")
+    mount.add_argument("--views", type=parse_views, default=("raw", "npy"), metavar="raw,npy",
+                       help="which files each tensor has: its raw bytes, its .npy view, or both "
+                       "(default); du of the mount is what cp -r of it writes")
     mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
                        f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
@@ -389,7 +399,7 @@ def cmd_mount(args) -> int:
         with _no_gc_while_building():
             cache = ByteLRU(args.cache_size)
             model = load_model(args.model, _remote_settings(args, cache))
-            mounted = build_mount(model, cache, args.layout)
+            mounted = build_mount(model, cache, args.layout, args.views)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)
     except BaseException:

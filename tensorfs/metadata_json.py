@@ -10,7 +10,8 @@ from tensorfs.model import Model
 from tensorfs.plan import ViewPlan
 
 
-def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan]) -> dict:
+def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan],
+                      views: tuple[str, ...] = ("raw", "npy")) -> dict:
     first = model.files[0]
     doc: dict = {
         "format": first.format,
@@ -53,6 +54,8 @@ def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan]) -> 
             entry["shard"] = os.path.basename(tensor.file)
         tensors[tensor.name] = entry
     doc["tensors"] = tensors
+    if tuple(views) != ("raw", "npy"):      # a mount --views raw or npy says what it serves
+        doc["views"] = list(views)
     return doc
 
 

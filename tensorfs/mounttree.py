@@ -81,9 +81,23 @@ def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths]
     return paths, plans
 
 
-def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedModel:
+# The files a tensor may have (``--views``): its raw bytes, and its .npy view.
+VIEWS = ("raw", "npy")
+
+
+def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
+                views: tuple[str, ...] = VIEWS) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
-    read, and the tensors' files when their directory is first looked into."""
+    read, and the tensors' files when their directory is first looked into.
+
+    ``views``: which of a tensor's files are served (a copy of the mount writes each one:
+    ``cp -r`` of a quantized model's float32 views is several times the model).  A tensor
+    whose type has no .npy view keeps its raw file whatever ``views`` says, so that every
+    tensor is still there once."""
+    unknown = set(views) - set(VIEWS)
+    if unknown or not views:
+        raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
+    serve_raw, serve_npy = "raw" in views, "npy" in views
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
@@ -100,7 +114,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
 
     def produce_metadata_json() -> bytes:
         paths, plans = describe(model, layout)
-        return metadata_json_bytes(metadata_document(model, paths, plans))
+        return metadata_json_bytes(metadata_document(model, paths, plans, views))
 
     tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
     add_metadata_files(tree, model, cache)
@@ -124,6 +138,10 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree") -> MountedMo
             view = NpyView("<f4", tensor.shape, converted)
         else:
             view = None
+        if not serve_npy:
+            view = None
+        elif not serve_raw and view is not None:
+            raw = None
         return raw, view, TensorXattrs(tensor)
 
     tree.add_tensors([t.name for t in tensors], layout, make_files)
