@@ -58,34 +58,39 @@ class Entry(NamedTuple):
     nlink: int
 
 
-# -- the C structures (x86_64 and aarch64 Linux; checked against libfuse 3.14's headers) ----
+# -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
+# size and offset with what the C compiler says for the installed headers) -----------------
 
 class Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-if platform.machine() in ("x86_64", "AMD64"):
-    class Stat(ctypes.Structure):
-        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
-                    ("st_nlink", ctypes.c_uint64), ("st_mode", ctypes.c_uint32),
-                    ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                    ("_pad0", ctypes.c_int32), ("st_rdev", ctypes.c_uint64),
-                    ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int64),
-                    ("st_blocks", ctypes.c_int64), ("st_atim", Timespec),
-                    ("st_mtim", Timespec), ("st_ctim", Timespec),
-                    ("_reserved", ctypes.c_int64 * 3)]
-elif platform.machine() in ("aarch64", "arm64"):
-    class Stat(ctypes.Structure):          # the generic 64-bit layout
-        _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
-                    ("st_mode", ctypes.c_uint32), ("st_nlink", ctypes.c_uint32),
-                    ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                    ("st_rdev", ctypes.c_uint64), ("_pad1", ctypes.c_uint64),
-                    ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int32),
-                    ("_pad2", ctypes.c_int32), ("st_blocks", ctypes.c_int64),
-                    ("st_atim", Timespec), ("st_mtim", Timespec), ("st_ctim", Timespec),
-                    ("_reserved", ctypes.c_int32 * 2)]
-else:
-    Stat = None
+class _StatX86_64(ctypes.Structure):
+    _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
+                ("st_nlink", ctypes.c_uint64), ("st_mode", ctypes.c_uint32),
+                ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
+                ("_pad0", ctypes.c_int32), ("st_rdev", ctypes.c_uint64),
+                ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int64),
+                ("st_blocks", ctypes.c_int64), ("st_atim", Timespec),
+                ("st_mtim", Timespec), ("st_ctim", Timespec),
+                ("_reserved", ctypes.c_int64 * 3)]
+
+
+class _StatGeneric64(ctypes.Structure):     # the kernel's asm-generic layout (aarch64)
+    _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
+                ("st_mode", ctypes.c_uint32), ("st_nlink", ctypes.c_uint32),
+                ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
+                ("st_rdev", ctypes.c_uint64), ("_pad1", ctypes.c_uint64),
+                ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int32),
+                ("_pad2", ctypes.c_int32), ("st_blocks", ctypes.c_int64),
+                ("st_atim", Timespec), ("st_mtim", Timespec), ("st_ctim", Timespec),
+                ("_reserved", ctypes.c_int32 * 2)]
+
+
+# struct stat is the C library's, so it is chosen by system and machine together: macOS on
+# arm64 is not Linux on aarch64.  Only Linux is served at all (_load says why).
+STAT_LAYOUTS = {("Linux", "x86_64"): _StatX86_64, ("Linux", "aarch64"): _StatGeneric64}
+Stat = STAT_LAYOUTS.get((platform.system(), platform.machine()))
 
 
 class EntryParam(ctypes.Structure):
@@ -103,12 +108,18 @@ class Statvfs(ctypes.Structure):
 
 
 class ConnInfo(ctypes.Structure):
-    _fields_ = [("proto_major", ctypes.c_uint), ("proto_minor", ctypes.c_uint),
-                ("max_write", ctypes.c_uint), ("max_read", ctypes.c_uint),
-                ("max_readahead", ctypes.c_uint), ("capable", ctypes.c_uint),
-                ("want", ctypes.c_uint), ("max_background", ctypes.c_uint),
-                ("congestion_threshold", ctypes.c_uint), ("time_gran", ctypes.c_uint),
-                ("reserved", ctypes.c_uint * 22)]
+    """struct fuse_conn_info: 128 bytes in every libfuse 3.  3.17 gave part of the reserved
+    tail a meaning (``capable_ext``, ``want_ext``: 64-bit flags that replace ``capable`` and
+    ``want``); before 3.17 those bytes are reserved and never touched here."""
+    _fields_ = [("proto_major", ctypes.c_uint32), ("proto_minor", ctypes.c_uint32),
+                ("max_write", ctypes.c_uint32), ("max_read", ctypes.c_uint32),
+                ("max_readahead", ctypes.c_uint32), ("capable", ctypes.c_uint32),
+                ("want", ctypes.c_uint32), ("max_background", ctypes.c_uint32),
+                ("congestion_threshold", ctypes.c_uint32), ("time_gran", ctypes.c_uint32),
+                ("max_backing_stack_depth", ctypes.c_uint32),     # 3.17 on
+                ("_flag_bits", ctypes.c_uint32),                   # no_interrupt:1, padding:31
+                ("capable_ext", ctypes.c_uint64), ("want_ext", ctypes.c_uint64),
+                ("reserved", ctypes.c_uint32 * 16)]
 
 
 class FuseArgs(ctypes.Structure):
@@ -116,8 +127,8 @@ class FuseArgs(ctypes.Structure):
                 ("allocated", ctypes.c_int)]
 
 
-# struct fuse_lowlevel_ops: function pointers in this order (fuse_lowlevel.h, 3.0 to 3.17;
-# later versions only append).  A slot left NULL is answered by libfuse itself.
+# struct fuse_lowlevel_ops: function pointers in this order (fuse_lowlevel.h, 3.0 to 3.18;
+# later versions only append: 3.18 added tmpfile and statx).  A slot left NULL is answered by libfuse itself.
 OPS_SLOTS = ("init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir "
              "symlink rename link open read write flush release fsync opendir readdir "
              "releasedir fsyncdir statfs setxattr getxattr listxattr removexattr access create "
@@ -140,14 +151,42 @@ CALLBACK_TYPES = {
 }
 
 
+# libfuse 3.17 renamed the shared object (ABI 4); nothing the binding uses changed with it.
+SONAMES = ("libfuse3.so.4", "libfuse3.so.3")
+
+NOT_LINUX = ("tensorfs mounts on Linux only ({system} here): it needs libfuse 3 and Linux's "
+             "FUSE protocol (READDIRPLUS, 1 MiB requests), which macFUSE and BSD lack")
+
+
+def _candidates() -> list[str]:
+    """Where to look, in the dynamic linker's order: LD_LIBRARY_PATH's directories first
+    (either name), then the system's cache.  Asking dlopen for one name after the other would
+    let the cache's libfuse3.so.3 win over an LD_LIBRARY_PATH holding only libfuse3.so.4."""
+    found = []
+    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
+        for name in SONAMES:
+            path = os.path.join(directory, name)
+            if directory and os.path.exists(path):
+                found.append(path)
+    return found + list(SONAMES)
+
+
 def _load():
-    name = ctypes.util.find_library("fuse3") or "libfuse3.so.3"
-    try:
-        lib = ctypes.CDLL(name)
-    except OSError:
-        raise FuseUnavailable("libfuse 3 not found: install Debian's fuse3 (apt-get install fuse3)") from None
+    if platform.system() != "Linux":
+        raise FuseUnavailable(NOT_LINUX.format(system=platform.system()))
     if Stat is None:
-        raise FuseUnavailable(f"no struct stat layout for {platform.machine()} (x86_64 and aarch64 only)")
+        raise FuseUnavailable(f"no struct stat layout for {platform.machine()} "
+                              f"(x86_64 and aarch64 only)")
+    lib = None
+    for name in _candidates():
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        raise FuseUnavailable("libfuse 3 not found (libfuse3.so.4 or libfuse3.so.3): "
+                              "install Debian's fuse3 (apt-get install fuse3)")
 
     def fn(symbol, restype, *argtypes):
         f = getattr(lib, symbol)
@@ -155,7 +194,12 @@ def _load():
         return f
 
     P, sz, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
-    lib.version = lib.fuse_version()
+    lib.version = lib.fuse_version()                    # 317 for 3.17.x
+    fn("fuse_pkgversion", ctypes.c_char_p)
+    if hasattr(lib, "fuse_set_log_func"):                # 3.7 on
+        fn("fuse_set_log_func", None, _LOG_FUNC)(_log_callback)
+    if hasattr(lib, "fuse_unset_feature_flag"):          # 3.17.3 on (an inline before)
+        fn("fuse_unset_feature_flag", None, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
     fn("fuse_reply_err", ctypes.c_int, P, ctypes.c_int)
     fn("fuse_reply_entry", ctypes.c_int, P, ctypes.POINTER(EntryParam))
     fn("fuse_reply_attr", ctypes.c_int, P, ctypes.POINTER(Stat), ctypes.c_double)
@@ -178,6 +222,51 @@ def _load():
     else:
         fn("fuse_session_loop_mt_32", ctypes.c_int, P, P)
     return lib
+
+
+# libfuse's own messages ("fuse: unknown option ...") go to stderr, which is /dev/null in the
+# daemon: they are sent to the log instead, and the last error kept for the one error line.
+_LOG_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+_LOG_LEVELS = [logging.CRITICAL] * 3 + [logging.ERROR, logging.WARNING] + [logging.INFO] * 2 \
+    + [logging.DEBUG]
+_libfuse_said = {"error": None, "partial": ""}
+
+
+def _log_libfuse(level, fmt, ap):
+    # ap is a va_list: a pointer on x86_64, and passed by reference on aarch64 (AAPCS64
+    # passes a composite of 32 bytes by address), so vsnprintf takes it as it came.
+    buf = ctypes.create_string_buffer(1024)
+    _vsnprintf(buf, len(buf), fmt, ap)
+    text = _libfuse_said["partial"] + buf.value.decode(errors="replace")
+    if not text.endswith("\n"):          # some messages come in pieces ("unknown option(s): `")
+        _libfuse_said["partial"] = text
+        return
+    _libfuse_said["partial"] = ""
+    text = " ".join(text.split())
+    for prefix in ("fuse: ", "error: "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    level = _LOG_LEVELS[min(max(level, 0), 7)]
+    if level >= logging.ERROR:
+        _libfuse_said["error"] = text
+    log.log(level, "libfuse: %s", text)
+
+
+_log_callback = _LOG_FUNC(_log_libfuse)
+_vsnprintf = ctypes.CDLL(None).vsnprintf
+_vsnprintf.restype = ctypes.c_int
+_vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def describe(lib) -> str:
+    """"libfuse 3.17.2 (/usr/lib/.../libfuse3.so.3.17.2)": which library this process uses."""
+    path = "?"
+    try:
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "/libfuse3.so" in line), path)
+    except OSError:
+        pass
+    return f"libfuse {lib.fuse_pkgversion().decode(errors='replace')} ({path})"
 
 
 _lib = None
@@ -204,8 +293,8 @@ class Session:
     ``fs`` answers:  ``lookup(parent_ino, name) -> Entry``, ``getattr(ino) -> Entry``,
     ``listing(ino) -> [(name, Entry)]`` (a directory's entries after "." and ".."),
     ``read_into(ino, offset, buf) -> n``, ``getxattr(ino, name) -> bytes``,
-    ``listxattr(ino) -> [str]``, and ``on_init()``.  ``FsError(errno)`` is answered as it is;
-    ``errno_of(exc)`` maps (and may log) any other exception.
+    ``listxattr(ino) -> [str]``.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
+    maps (and may log) any other exception.
     """
 
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
@@ -226,6 +315,12 @@ class Session:
         self.read_ahead_kib = read_ahead_kib
         self._mountpoint = None
         self._tune_pending = False
+        self._max_read = 0
+        # "Live": a request other than INIT was answered, so the kernel took libfuse's INIT
+        # reply (libfuse checks the init callback's answer after it returns, and may refuse).
+        self._live = False
+        self._ended = False
+        self._ready_lock = threading.Lock()
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -255,14 +350,15 @@ class Session:
         ctypes wraps every callback from a thread Python did not start in
         PyGILState_Ensure/Release, creating and destroying a Python thread state each time
         (-27 % daemon CPU per GiB read, docs/serving.md).  One extra Ensure, never released,
-        on the first call from each libfuse thread keeps the state.  libfuse 3 keeps its
-        worker threads (``max_idle_threads`` unset), so few are ever made."""
+        on the first call from each libfuse thread keeps the state.  That is only sound while
+        libfuse keeps its workers: ``_loop`` makes sure it never destroys an idle one."""
         lib, pinned, errno_of = self.lib, self._pinned, self.errno_of
 
         def callback(req, *args):
             if not getattr(pinned, "yes", False):
                 ctypes.pythonapi.PyGILState_Ensure()
                 pinned.yes = True
+                self._live = True
                 if self._tune_pending:          # the first request after INIT is some
                     self._raise_read_ahead()    # thread's first: no check on the hot path
             try:
@@ -276,12 +372,24 @@ class Session:
     def _init(self, userdata, conn):
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
         # directory before it descends, and every entry without attributes costs a LOOKUP.
-        conn.contents.want &= ~FUSE_CAP_READDIRPLUS_AUTO
+        self._unset_want(conn, FUSE_CAP_READDIRPLUS_AUTO)
+        # libfuse refuses INIT unless the filesystem repeats `-o max_read=N` here
+        # (fuse_common.h: it "must be set both here and passed to fuse_session_new()").
+        conn.contents.max_read = self._max_read
         self._tune_pending = self.read_ahead_kib > 0
-        try:
-            self.fs.on_init()
-        except Exception:
-            log.exception("init failed")
+
+    def _unset_want(self, conn, flag: int) -> None:
+        """Turn off a capability libfuse would ask for.  3.17 moved the flags to the 64-bit
+        ``want_ext`` (``want`` still works: libfuse converts it after ``init``, as long as
+        ``want_ext`` is left alone).  3.17.3 exports ``fuse_unset_feature_flag``; 3.17.0-2
+        have it as an inline function on ``want_ext``, done here the same way."""
+        lib = self.lib
+        if hasattr(lib, "fuse_unset_feature_flag"):
+            lib.fuse_unset_feature_flag(conn, flag)
+        elif lib.version >= 317:
+            conn.contents.want_ext &= ~flag
+        else:
+            conn.contents.want &= ~flag
 
     def _raise_read_ahead(self) -> None:
         """Let the kernel read ahead ``read_ahead_kib`` on this mount.
@@ -343,6 +451,8 @@ class Session:
                     self._buffers.append(buf)
 
     def _readdir(self, req, ino, size, offset, fi, plus=False):
+        if not plus:                            # only if READDIRPLUS_AUTO stayed on
+            log.debug("READDIR without attributes: inode %d from entry %d", ino, offset)
         entries = self.fs.listing(ino)
         buf = ctypes.create_string_buffer(size)
         used = 0
@@ -398,10 +508,17 @@ class Session:
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
     # -- the loop -------------------------------------------------------------------------------
-    def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True) -> None:
-        """Mount at ``mountpoint`` (a resolved path), serve until unmounted or
-        SIGINT/SIGTERM/SIGHUP, unmount."""
+    def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True,
+              on_ready=None) -> None:
+        """Mount at ``mountpoint`` (a resolved path), call ``on_ready()`` once the mount
+        answers requests, serve until unmounted or SIGINT/SIGTERM/SIGHUP, unmount.
+
+        ``FuseUnavailable`` (one line) when libfuse refuses the options or the mount, when the
+        session ends before the mount was live (libfuse refused the INIT answer), or when its
+        loop ends with an error."""
         lib = self.lib
+        log.info("%s", describe(lib))
+        self._max_read = _max_read(mount_options)
         handlers = {"init": self._init, "lookup": self._guarded(self._lookup),
                     "getattr": self._guarded(self._getattr),
                     "open": self._guarded(self._no_open), "opendir": self._guarded(self._no_open),
@@ -421,9 +538,11 @@ class Session:
         argv = (ctypes.c_char_p * (len(argv_list) + 1))(*argv_list, None)
         args = FuseArgs(len(argv_list), argv, 0)
         self._mountpoint = mountpoint
+        _libfuse_said["error"] = None
         se = lib.fuse_session_new(ctypes.byref(args), ops, ctypes.sizeof(ops), None)
         if not se:
-            raise FuseUnavailable(f"libfuse refused the mount options: {','.join(mount_options)}")
+            raise FuseUnavailable(_libfuse_said["error"] or
+                                  f"libfuse refused the mount options: {','.join(mount_options)}")
         try:
             # libfuse installs its SIGINT/SIGTERM/SIGHUP handlers only where the default is
             # in place; Python's own SIGINT handler would never run while the loop blocks.
@@ -433,26 +552,75 @@ class Session:
             try:
                 if lib.fuse_session_mount(se, mountpoint.encode("utf-8", "surrogateescape")) != 0:
                     raise FuseUnavailable(f"{mountpoint}: mount failed")
+                threading.Thread(target=self._announce, args=(mountpoint, on_ready),
+                                 name="tensorfs-ready", daemon=True).start()
                 try:
-                    self._loop(se, threads)
+                    code = self._loop(se, threads)
                 finally:
+                    with self._ready_lock:
+                        self._ended = True
                     lib.fuse_session_unmount(se)
             finally:
                 lib.fuse_remove_signal_handlers(se)
                 signal.signal(signal.SIGINT, previous)
         finally:
             lib.fuse_session_destroy(se)
+        # The loop returns 0 (unmounted), the signal that ended it, or -errno.
+        if code < 0 or (code == 0 and not self._live):
+            reason = _libfuse_said["error"] or (os.strerror(-code) if code < 0 else "unmounted")
+            when = "" if self._live else " before the mount was live"
+            raise FuseUnavailable(f"{mountpoint}: libfuse ended the session{when}: {reason}")
 
-    def _loop(self, se, threads: bool) -> None:
+    def _announce(self, mountpoint: str, on_ready) -> None:
+        """Call ``on_ready`` once the mount answers.  A mount point is mounted before INIT,
+        and libfuse checks the init callback's answer only after it returns, so neither
+        says "mounted".  This asks for the mount point's extended attributes (a request the
+        kernel never answers from its caches, held back until INIT is done) and looks
+        whether a request reached the daemon; a thread of its own, so that a single-threaded
+        loop answers it."""
+        try:
+            os.listxattr(mountpoint)
+        except OSError as error:
+            log.debug("readiness probe: %s", error)
+        with self._ready_lock:
+            if not self._live or self._ended:
+                return
+            log.info("serving %s", mountpoint)
+            if on_ready is not None:
+                try:
+                    on_ready()
+                except Exception:
+                    log.exception("readiness could not be signalled")
+
+    def _loop(self, se, threads: bool) -> int:
         lib = self.lib
         if not threads:
-            lib.fuse_session_loop(se)
-        elif hasattr(lib, "fuse_loop_cfg_create"):
+            return lib.fuse_session_loop(se)
+        if hasattr(lib, "fuse_loop_cfg_create"):
+            # 3.12 on: the defaults keep every idle worker (max_idle_threads -1) and start at
+            # most 10.
             config = lib.fuse_loop_cfg_create()
             try:
-                lib.fuse_session_loop_mt_312(se, config)
+                return lib.fuse_session_loop_mt_312(se, config)
             finally:
                 lib.fuse_loop_cfg_destroy(config)
-        else:
-            config = _LoopConfig32(0, 10)
-            lib.fuse_session_loop_mt_32(se, ctypes.byref(config))
+        # Before 3.12 workers are started without a cap, and those idle beyond
+        # max_idle_threads are destroyed, each leaking the Python thread state it pinned
+        # (3.10.5's default of 10: +8.7 MB over 600 bursts, docs/serving.md).  The largest
+        # value libfuse reads as an int: UINT_MAX would compare as -1 and destroy every
+        # worker after each request.
+        config = _LoopConfig32(0, 2**31 - 1)
+        return lib.fuse_session_loop_mt_32(se, ctypes.byref(config))
+
+
+def _max_read(mount_options: list[str]) -> int:
+    """``-o max_read=N``'s N (0: no limit given), checked as libfuse's own ``%u`` would not."""
+    value = 0
+    for option in mount_options:
+        key, _, text = option.partition("=")
+        if key == "max_read":
+            if not (text.isascii() and text.isdigit() and int(text) < 2**32):
+                raise FuseUnavailable(f"max_read={text}: expected a number of bytes "
+                                      f"from 0 to {2**32 - 1}")
+            value = int(text)
+    return value

@@ -29,9 +29,8 @@ KEEP_LISTING_ENTRIES = 64
 
 
 class TensorFS:
-    def __init__(self, tree: Tree, on_ready=None):
+    def __init__(self, tree: Tree):
         self.tree = tree
-        self.on_ready = on_ready
         self._nlink: dict[int, int] = {}
         self._listings: dict[int, list] = {}
 
@@ -72,10 +71,6 @@ class TensorFS:
         return Entry(node.ino, False, view.size, 1)
 
     # -- the calls -----------------------------------------------------------------------------
-    def on_init(self) -> None:
-        if self.on_ready is not None:
-            self.on_ready()
-
     def lookup(self, parent: int, name: str) -> Entry:
         child = self._dir(parent).children.get(name)
         if child is None:
@@ -117,7 +112,9 @@ class TensorFS:
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int, options: dict,
           on_ready=None) -> None:
-    """Mount ``tree`` and serve it until unmounted.  ``options``: FUSE mount options, plus
+    """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
+    answers requests (not before: libfuse may still refuse it after INIT), and a mount that
+    never became live raises ``FuseUnavailable``.  ``options``: FUSE mount options, plus
     the ones answered here (``attr_timeout``, ``entry_timeout``, ``negative_timeout``,
     ``nothreads``; ``kernel_cache`` and ``use_ino`` are always in effect; docs/serving.md)."""
     options = dict(options)
@@ -126,9 +123,9 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int, opt
     threads = not options.pop("nothreads", False)
     for always in ("kernel_cache", "use_ino"):      # what this adapter always does
         options.pop(always, None)
-    fs = TensorFS(tree, on_ready)
+    fs = TensorFS(tree)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, **timeouts)
     mount_options = [key if value is True else f"{key}={value}"
                      for key, value in options.items() if value is not False]
-    session.serve(mountpoint, mount_options, threads=threads)
+    session.serve(mountpoint, mount_options, threads=threads, on_ready=on_ready)

@@ -112,3 +112,18 @@ def test_timeouts_and_always_on_options_are_accepted(tmp_path, mount):
     doc = json.loads((mnt / "metadata.json").read_bytes())
     name, array = next(iter(tensors.items()))
     assert (mnt / doc["tensors"][name]["path"]).read_bytes() == array.tobytes()
+
+
+def test_every_listing_page_comes_with_attributes(tmp_path, mount):
+    # READDIRPLUS_AUTO off (tensorfs.fuse3.Session._unset_want, a different field per libfuse
+    # version): with it on, the kernel asks for the pages after a listing's first without
+    # attributes, and `find` then looks up every entry on them.
+    path = tmp_path / "many.safetensors"
+    _many_tensors(path, 1000)
+    log_file = tmp_path / "daemon.log"
+    mnt = mount(path, "--layout", "flat", "--debug", "--log", log_file)
+    listed = subprocess.run(["ls", "-f", str(mnt)], capture_output=True, text=True, check=True)
+    assert len(listed.stdout.split()) == 2 * 1000 + 5
+    log_text = log_file.read_text()
+    assert "libfuse 3." in log_text
+    assert "READDIR without attributes" not in log_text

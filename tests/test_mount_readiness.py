@@ -1,0 +1,53 @@
+"""`tensorfs mount` returns 0 only for a mount that answers (SPEC §1: a script may use it on
+the next line).  libfuse checks the init callback's answer only after it returns, and may
+end the session there: `-o max_read=N` once exited 0 with nothing mounted."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.conftest import fuse_mounts_under, run_tensorfs
+
+
+@pytest.fixture
+def model(tmp_path):
+    # 3 tensors, one of 1.2 MB: reads far beyond any max_read given below.
+    tensors = {"big": np.arange(300_000, dtype=np.float32), "small": np.arange(5, dtype=np.int16),
+               "bytes": np.arange(4097, dtype=np.uint8)}
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+@pytest.mark.parametrize("value", ["4096", "1", "0", "65536", "131072", "4294967295"])
+def test_max_read_mounts_and_serves_the_oracles_bytes(model, mount, value):
+    path, tensors = model
+    mnt = mount(path, "-o", f"max_read={value}")
+    assert os.path.ismount(mnt)
+    doc = json.loads((mnt / "metadata.json").read_bytes())
+    for name, array in tensors.items():
+        assert (mnt / doc["tensors"][name]["path"]).read_bytes() == array.tobytes()
+        loaded = np.load(mnt / (doc["tensors"][name]["path"] + ".npy"))
+        assert np.array_equal(loaded, array)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "4294967296", "", "0x1000"])
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_max_read_refused_is_one_line_and_nothing_mounted(model, tmp_path, value, foreground):
+    path, _ = model
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_tensorfs("mount", path, mnt, "-o", f"max_read={value}",
+                          *(["--foreground"] if foreground else []), timeout=60)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[-1].startswith("tensorfs: error: ") and "max_read" in lines[-1]
+    if not foreground:               # the foreground daemon logs to stderr as it goes
+        assert len(lines) == 1
+    assert "Traceback" not in result.stderr
+    assert fuse_mounts_under(tmp_path) == []
