@@ -62,11 +62,28 @@ class _Metadata(Mapping):
         return f"<metadata: {len(self)} keys>"
 
 
-def open(model: str) -> "OpenModel":      # noqa: A001 - tensorfs.open, as the SPEC names it
+def open(model, *, storage_options: dict | None = None,      # noqa: A001 - as SPEC §9 names it
+         timeout: float | None = None) -> "OpenModel":
     """Parse and validate ``model`` (a file, an index, a directory, a split GGUF's first
-    shard — what ``tensorfs mount`` takes); ``ModelError`` if it is refused.  Use it as a
-    context manager, or call ``close()``."""
-    return OpenModel(load_model(str(model)))
+    shard, or a URL of any of those — what ``tensorfs mount`` takes); ``ModelError`` if it
+    is refused.  Use it as a context manager, or call ``close()``.
+
+    For a URL (SPEC §8, needs ``tensorfs-fuse[remote]``): ``storage_options`` are passed to
+    fsspec (as ``--storage-option``), ``timeout`` bounds each read in seconds (``--timeout``);
+    endpoints and credentials come from the environment as for a mount."""
+    from tensorfs.location import is_url
+
+    model = os.fspath(model)
+    remote = None
+    if is_url(model):
+        from tensorfs.remote import RemoteSettings
+
+        remote = RemoteSettings(storage_options=dict(storage_options or {}))
+        if timeout is not None:
+            remote.timeout = float(timeout)
+    elif storage_options or timeout is not None:
+        raise ValueError("storage_options and timeout apply to a URL only")
+    return OpenModel(load_model(model, remote))
 
 
 class OpenModel:
