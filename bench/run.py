@@ -59,6 +59,8 @@ class Bench:
         self.env["PYTHONPATH"] = os.path.abspath(args.tensorfs_path or REPO)
         self.tensorfs = [sys.executable, "-m", "tensorfs"]
         self.mount_opts = [o for text in args.option for o in ("-o", text)]
+        if args.workers is not None:
+            self.mount_opts += ["--workers", str(args.workers)]
         self.results: dict = {}
         self.notes: list[str] = []
         self._n = 0
@@ -963,6 +965,7 @@ def main() -> int:
     p.add_argument("--workdir", default=os.path.join(REPO, "build", "bench"))
     p.add_argument("--tensorfs-path", help="import tensorfs from here (compare a copy of the tree)")
     p.add_argument("-o", dest="option", action="append", default=[], help="extra mount -o options")
+    p.add_argument("--workers", type=int, help="mount --workers N (default: tensorfs's own)")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
     p.add_argument("--png", default=os.path.join(REPO, "docs", "benchmarks.png"))
     p.add_argument("--json", help="also write the raw results here")

@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
                        f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
+    mount.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="processes converting quantized tensors (default: one per CPU "
+                            "available; 0: convert in the daemon's threads)")
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
                        help="FUSE mount options: allow_other, allow_root, max_read=N, "
                        "fsname=NAME, attr_timeout=S ... (docs/cli.md); rw is refused")

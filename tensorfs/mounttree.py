@@ -16,6 +16,7 @@ from tensorfs.namespace import TensorPaths, Tree, tensor_paths
 from tensorfs.plan import ViewPlan, plan_view
 from tensorfs.source import ModelSource
 from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView
+from tensorfs.workers import WorkerPool
 
 
 @dataclass
@@ -24,6 +25,7 @@ class MountedModel:
     tree: Tree
     sources: dict[str, ModelSource]
     cache: ByteLRU
+    pool: WorkerPool | None = None
 
     def start(self) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
@@ -31,8 +33,12 @@ class MountedModel:
         for source in self.sources.values():
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
+        if self.pool is not None:
+            self.pool.start(needed=lambda: _has_costly_conversions(self.model))
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         for source in self.sources.values():
             source.close()
 
@@ -81,23 +87,40 @@ def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths]
     return paths, plans
 
 
+def _has_costly_conversions(model: Model) -> bool:
+    """Whether any tensor is converted by a costly kernel (the worker pool's work)."""
+    seen = set()
+    for t in model.tensors:
+        key = (t.dtype, t.ggml_type, t.byte_order)
+        if key not in seen:
+            seen.add(key)
+            conversion = plan_view(t).conversion
+            if conversion is not None and conversion.costly:
+                return True
+    return False
+
+
 # The files a tensor may have (``--views``): its raw bytes, and its .npy view.
 VIEWS = ("raw", "npy")
 
 
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
-                views: tuple[str, ...] = VIEWS) -> MountedModel:
+                views: tuple[str, ...] = VIEWS, workers: int = 0) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into.
 
     ``views``: which of a tensor's files are served (a copy of the mount writes each one:
     ``cp -r`` of a quantized model's float32 views is several times the model).  A tensor
     whose type has no .npy view keeps its raw file whatever ``views`` says, so that every
-    tensor is still there once."""
+    tensor is still there once.
+
+    ``workers``: conversion worker processes, started by ``MountedModel.start`` (0: convert
+    in-thread)."""
     unknown = set(views) - set(VIEWS)
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
+    pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
@@ -134,7 +157,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
             view = NpyView(plan.npy_dtype, tensor.shape, raw)
         elif plan.kind == "converted":
             converted = ConvertedView(source, tensor.offset, tensor.nbytes, plan.conversion,
-                                      cache, ("chunk", tensor.name), tensor.n_elements)
+                                      cache, ("chunk", tensor.name), tensor.n_elements,
+                                      pool=pool)
             view = NpyView("<f4", tensor.shape, converted)
         else:
             view = None
@@ -145,4 +169,4 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
         return raw, view, TensorXattrs(tensor)
 
     tree.add_tensors([t.name for t in tensors], layout, make_files)
-    return MountedModel(model, tree, sources, cache)
+    return MountedModel(model, tree, sources, cache, pool)

@@ -232,6 +232,29 @@ class _Chunk:
             pass
 
 
+class _ArenaChunk:
+    """A converted chunk in an output slot of the worker pool's shared arena: a worker wrote
+    it, the daemon replies from it; the slot is the pool's again once nobody holds the chunk."""
+
+    __slots__ = ("pool", "slot", "n", "data")
+
+    def __init__(self, pool, slot: int, n: int):
+        self.pool = pool
+        self.slot = slot
+        self.n = n
+        self.data = pool.slot_view(slot, n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __del__(self):
+        try:
+            self.pool.give_slot(self.slot)
+            self.data.release()
+        except Exception:       # interpreter shutdown; a slice of data still held
+            pass
+
+
 _streams: "weakref.WeakKeyDictionary[ByteLRU, ByteLRU]" = weakref.WeakKeyDictionary()
 _streams_lock = threading.Lock()
 
@@ -250,7 +273,9 @@ class ConvertedView:
     """A tensor's float32 conversion, computed lazily in block-aligned chunks.
 
     Costly conversions (K-quants, IQ types ...) keep their chunks in the shared LRU and a
-    sequential reader gets the next chunk converted ahead on a worker thread; cheap ones
+    sequential reader gets the next chunks converted ahead; with a worker ``pool``
+    (tensorfs.workers) started, worker processes convert them into its shared arena, else
+    threads of this process do.  Cheap ones
     (BF16, FP8) convert just the blocks a read covers, straight into the reader's buffer
     when the read is block-aligned (every kernel read is), and keep nothing.
     """
@@ -260,8 +285,9 @@ class ConvertedView:
     _pool_lock = threading.Lock()
 
     def __init__(self, source: ModelSource, offset: int, nbytes: int, conversion,
-                 cache: ByteLRU, key: Hashable, n_elements: int):
+                 cache: ByteLRU, key: Hashable, n_elements: int, pool=None):
         self.source = source
+        self.pool = pool
         self.offset = offset
         self.nbytes = nbytes
         self.conversion = conversion
@@ -289,10 +315,20 @@ class ConvertedView:
             if len(scratch) == CHUNK_OUTPUT_BYTES:
                 _SCRATCH.give(scratch)
 
-    def _convert_chunk(self, index: int) -> _Chunk:
+    def _convert_chunk(self, index: int) -> _Chunk | _ArenaChunk:
         blocks_per_chunk = self.chunk_out // self.block_out
         first = index * blocks_per_chunk
         count = min(blocks_per_chunk, self.size // self.block_out - first)
+        pool = self.pool
+        if pool is not None and pool.running:
+            slot = pool.take_slot()
+            if slot is not None:          # else: every slot is held; convert here instead
+                chunk = _ArenaChunk(pool, slot, count * self.block_out)
+                start = self.offset + first * self.conversion.block_bytes
+                pool.convert(self.conversion,
+                             lambda buf: self.source.read_into(start, buf),
+                             count * self.conversion.block_bytes, slot, len(chunk))
+                return chunk
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
         return chunk
@@ -343,16 +379,20 @@ class ConvertedView:
             buf[pos:pos + hi - lo] = chunk.data[lo:hi]
             pos += hi - lo
         if sequential:
-            for ahead in range(1, READ_AHEAD_CHUNKS + 1):
-                self._read_ahead(last_chunk + ahead)
+            pool = self.pool
+            if pool is not None and pool.running:
+                ahead, executor = pool.read_ahead_chunks, pool.executor()
+            else:
+                ahead, executor = READ_AHEAD_CHUNKS, ConvertedView._pool()
+            for index in range(last_chunk + 1, last_chunk + ahead + 1):
+                self._read_ahead(index, executor)
         return pos
 
-    def _read_ahead(self, index: int) -> None:
+    def _read_ahead(self, index: int, executor) -> None:
         key = (self.key, index)
         if index * self.chunk_out >= self.size or self.stream.peek(key) or self.cache.peek(key):
             return
-        pool = ConvertedView._pool()
-        pool.submit(self._quiet_chunk, index)
+        executor.submit(self._quiet_chunk, index)
 
     def _quiet_chunk(self, index: int) -> None:
         try:

@@ -8,6 +8,7 @@ Comparisons are on the float32 *bits* (``.view(np.uint32)``), NaNs included.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,39 @@ def test_matches_oracle_bit_for_bit(name):
     conv = conversion_for(ggml_tensor(name, n_blocks))
     got = conv.convert(data)
     assert got.dtype == np.dtype("<f4") and got.shape == (n_blocks * conv.block_elems,)
+    np.testing.assert_array_equal(bits(got), bits(oracle(name, data)))
+
+
+@pytest.fixture(scope="module")
+def worker_pool():
+    from tensorfs.workers import WorkerPool
+
+    pool = WorkerPool(2, cache_bytes=1 << 20)
+    pool.start()
+    yield pool
+    pids = pool.pids()
+    pool.close()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived its pool"
+
+
+@pytest.mark.parametrize("name", GGUF_PY_TYPES + SCALAR_REF_TYPES)
+def test_matches_oracle_bit_for_bit_through_worker_processes(worker_pool, name):
+    """The same kernels in a worker process, reading from and writing to the shared arena."""
+    rng = np.random.default_rng(sum(map(ord, name)) + 1)
+    n_blocks = 40 if name in SCALAR_REF_TYPES else 300
+    data = random_blocks(name, n_blocks, rng)
+    conv = conversion_for(ggml_tensor(name, n_blocks))
+    out_bytes = n_blocks * conv.block_elems * 4
+    slot = worker_pool.take_slot()
+    try:
+        def fill(buf):
+            buf[:] = data.tobytes()
+
+        worker_pool.convert(conv, fill, data.nbytes, slot, out_bytes)
+        got = np.frombuffer(worker_pool.slot_view(slot, out_bytes), dtype="<f4").copy()
+    finally:
+        worker_pool.give_slot(slot)
     np.testing.assert_array_equal(bits(got), bits(oracle(name, data)))
 
 

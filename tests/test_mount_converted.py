@@ -45,8 +45,9 @@ def _expected(name: str, blocks: np.ndarray, shape) -> np.ndarray:
     return oracle(name, blocks.reshape(-1)).reshape(shape)
 
 
-@pytest.fixture(scope="module")
-def converted_mount(tmp_path_factory):
+@pytest.fixture(scope="module", params=["2", "0"], ids=["workers2", "workers0"])
+def converted_mount(tmp_path_factory, request):
+    """Both ways of converting: two worker processes (tensorfs.workers) and in-thread."""
     base = tmp_path_factory.mktemp("converted")
     expected = {}
     writer = gguf.GGUFWriter(str(base / "writer.gguf"), "llama")
@@ -79,7 +80,7 @@ def converted_mount(tmp_path_factory):
     for model in ("writer.gguf", "hand.gguf"):
         mnt = base / ("mnt-" + model)
         mnt.mkdir()
-        result = run_tensorfs("mount", base / model, mnt)
+        result = run_tensorfs("mount", base / model, mnt, "--workers", request.param)
         assert result.returncode == 0, result.stderr
         mounts[model] = mnt
     yield mounts, expected

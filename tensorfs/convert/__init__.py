@@ -33,7 +33,7 @@ from ..dtypes import GGML_TYPES, SAFETENSORS_DTYPES
 from ..model import TensorInfo
 from . import floats, ggml, longtail
 
-__all__ = ["Conversion", "conversion_for", "raw_only_reason"]
+__all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,9 @@ class Conversion:
     block_bytes: int     # bytes per block
     costly: bool         # worth caching a converted chunk (block quants); False: recompute per read
     convert: Callable[..., np.ndarray]   # (uint8 whole blocks, out=None) -> float32 '<f4' 1-D
+    # What names this conversion to another process (a conversion worker,
+    # tensorfs.workers): plain values, since the kernels are closures and cannot be sent.
+    spec: tuple = ()
 
 
 # --- safetensors ----------------------------------------------------------------------------
@@ -59,9 +62,9 @@ _SAFETENSORS_RAW_ONLY = {
 
 def _safetensors(dtype: str) -> Conversion | None:
     if dtype == "BF16":
-        return Conversion("BF16", 1, 2, False, floats.bf16_converter("<"))
+        return Conversion("BF16", 1, 2, False, floats.bf16_converter("<"), ("safetensors", dtype))
     if dtype in floats.FP8_TABLES:
-        return Conversion(dtype, 1, 1, False, floats.fp8_converter(dtype))
+        return Conversion(dtype, 1, 1, False, floats.fp8_converter(dtype), ("safetensors", dtype))
     return None
 
 
@@ -104,29 +107,30 @@ def _gguf_available() -> bool:
     return importlib.util.find_spec("gguf") is not None
 
 
-def _ggml(tensor: TensorInfo) -> tuple[Conversion | None, str | None]:
-    gt = GGML_TYPES.get(tensor.ggml_type)
+def _ggml(ggml_type: int, byte_order: str) -> tuple[Conversion | None, str | None]:
+    gt = GGML_TYPES.get(ggml_type)
     if gt is None:
-        return None, f"unknown GGML type id {tensor.ggml_type}"
+        return None, f"unknown GGML type id {ggml_type}"
     if gt.numpy is not None:
         return None, None                         # numpy has it: served untouched
-    big = tensor.byte_order == ">"
+    big = byte_order == ">"
+    spec = ("ggml", ggml_type, byte_order)
     if gt.name == "BF16":
-        return Conversion("BF16", 1, 2, False, floats.bf16_converter(tensor.byte_order)), None
+        return Conversion("BF16", 1, 2, False, floats.bf16_converter(byte_order), spec), None
     if gt.name in _OWN:
         factory, be_ok = _OWN[gt.name]
         if big and not be_ok:
             return None, _be_reason(gt.name)
         kernel = factory(_BE if big else _LE) if gt.name in _SCALE_PARAMETRIZED else factory
         return Conversion(gt.name, gt.block_size, gt.type_size, True,
-                          ggml.blockwise(kernel, gt.type_size, gt.block_size)), None
+                          ggml.blockwise(kernel, gt.type_size, gt.block_size), spec), None
     if gt.name in _GGUF_PY:
         if big and not _GGUF_PY[gt.name]:
             return None, _be_reason(gt.name)
         if not _gguf_available():
             return None, f"{gt.name} dequantization needs the gguf package (gguf-py), not installed"
         return Conversion(gt.name, gt.block_size, gt.type_size, True,
-                          longtail.gguf_converter(gt.id, gt.type_size, gt.block_size)), None
+                          longtail.gguf_converter(gt.id, gt.type_size, gt.block_size), spec), None
     return None, f"no dequantization known for GGML type {gt.name}"
 
 
@@ -140,14 +144,25 @@ def _be_reason(name: str) -> str:
 def conversion_for(tensor: TensorInfo) -> Conversion | None:
     """The float32 conversion for ``tensor``'s type, or None (native numpy type, or raw only)."""
     if tensor.ggml_type is not None:
-        return _ggml(tensor)[0]
+        return _ggml(tensor.ggml_type, tensor.byte_order)[0]
     return _safetensors(tensor.dtype)
+
+
+def conversion_from_spec(spec) -> Conversion | None:
+    """The conversion a ``Conversion.spec`` names (lists are accepted for tuples, as JSON
+    gives them back)."""
+    kind, *args = spec
+    if kind == "ggml":
+        return _ggml(int(args[0]), str(args[1]))[0]
+    if kind == "safetensors":
+        return _safetensors(str(args[0]))
+    raise ValueError(f"not a conversion spec: {spec!r}")
 
 
 def raw_only_reason(tensor: TensorInfo) -> str | None:
     """Why ``tensor`` has no .npy view; None when it has one (converted or untouched)."""
     if tensor.ggml_type is not None:
-        return _ggml(tensor)[1]
+        return _ggml(tensor.ggml_type, tensor.byte_order)[1]
     st = SAFETENSORS_DTYPES.get(tensor.dtype)
     if st is None:
         return f"unknown safetensors dtype {tensor.dtype}"

@@ -1,0 +1,216 @@
+"""Conversion worker processes (tensorfs.workers) through real mounts: parallel readers
+against the oracle, a worker killed in the middle of a read, and no process left behind
+whichever way the mount ends."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import struct
+import termios
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from tests import safetensors_corpus
+from tests.conftest import run_tensorfs
+
+from reliability_models import alive, daemon_pid, npy_bytes, wait_for, write_mixed_gguf
+
+CONVERTED = ("b.q8_0.weight", "c.bf16.weight", "d.q4_k.weight")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("workers") / "mixed.gguf"
+    return path, write_mixed_gguf(path, seed=16, scale=2)
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The daemon's worker processes (its children running tensorfs.workers)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return [c for c in found if b"tensorfs.workers" in _cmdline(c)]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    """A live process (not a zombie waiting to be reaped) that is still a worker."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X") and b"tensorfs.workers" in _cmdline(pid)
+
+
+def _wait_workers(pid: int, n: int, exclude=()) -> list[int]:
+    assert wait_for(lambda: len([w for w in _workers_of(pid) if w not in exclude]) >= n, 30)
+    return [w for w in _workers_of(pid) if w not in exclude]
+
+
+def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount):
+    path, expected = model
+    mnt = mount(path, "--workers", "2", "--cache-size", "1M")
+    pid = daemon_pid(mnt)
+    wants = {name: npy_bytes(expected[name].values) for name in CONVERTED}
+
+    def reader(i: int) -> None:
+        rng = np.random.default_rng(i)
+        name = CONVERTED[i % len(CONVERTED)]
+        want = wants[name]
+        file = mnt / (expected[name].path + ".npy")
+        with open(file, "rb") as f:
+            if i % 2:                                   # sequential: read-ahead on the workers
+                got = b"".join(iter(lambda: f.read(1 << 20), b""))
+                assert got == want, name
+            else:                                       # random ranges: the shared cache
+                for _ in range(40):
+                    offset = int(rng.integers(0, len(want)))
+                    size = int(rng.integers(1, 3 << 20))
+                    assert os.pread(f.fileno(), size, offset) == want[offset:offset + size], name
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+    for _ in range(2):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(reader, range(8)))
+    assert len(_workers_of(pid)) == 2
+    for name in CONVERTED:
+        assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
+                              expected[name].values.view(np.uint32))
+
+
+def _pidfd_getfd(pid: int, fd: int) -> int | None:
+    """A duplicate of another process's descriptor (Linux 5.6+, needs ptrace rights)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)        # SYS_pidfd_getfd
+        return got if got >= 0 else None
+    finally:
+        os.close(pidfd)
+
+
+def _queued_task(worker: int) -> bool | None:
+    """Whether a task waits in the worker's socket (None: cannot tell)."""
+    fd = _pidfd_getfd(worker, int(_cmdline(worker).split(b"\0")[4]))
+    if fd is None:
+        return None
+    try:
+        n = fcntl.ioctl(fd, termios.FIONREAD, struct.pack("i", 0))
+        return struct.unpack("i", n)[0] > 0
+    finally:
+        os.close(fd)
+
+
+def test_a_worker_killed_during_a_read_gives_eio_then_the_mount_recovers(model, mount, tmp_path):
+    path, expected = model
+    log = tmp_path / "daemon.log"
+    mnt = mount(path, "--workers", "2", "--log", str(log))
+    pid = daemon_pid(mnt)
+    name = "d.q4_k.weight"
+    file = mnt / (expected[name].path + ".npy")
+    want = npy_bytes(expected[name].values)
+    workers = _wait_workers(pid, 2)
+    for w in workers:                       # stopped: a task sent to one stays in its socket
+        os.kill(w, signal.SIGSTOP)
+    result = {}
+    offset, size = 1 << 20, 4096            # inside the second chunk of the view
+
+    def read():
+        # O_DIRECT: one request, answered as it is.  (A buffered read is retried once by the
+        # kernel's page cache after an error, and that retry is served by the new worker.)
+        fd = os.open(file, os.O_RDONLY | os.O_DIRECT)
+        try:
+            result["data"] = os.pread(fd, size, offset)
+        except OSError as error:
+            result["error"] = error
+        finally:
+            os.close(fd)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        if not wait_for(lambda: any(_queued_task(w) for w in workers), 30):
+            time.sleep(2)                   # no pidfd_getfd here: give the request time
+        assert reader.is_alive()            # the read waits for the stopped worker
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGKILL)
+    reader.join(60)
+    assert not reader.is_alive()
+    assert isinstance(result.get("error"), OSError) and result["error"].errno == errno.EIO
+    # replaced, and reads work again
+    new = _wait_workers(pid, 2, exclude=workers)
+    assert len(new) == 2
+    with open(file, "rb") as f:
+        assert os.pread(f.fileno(), size, offset) == want[offset:offset + size]
+        assert f.read() == want
+    text = log.read_text()
+    assert "conversion worker" in text and "died" in text
+
+
+def _no_workers_left(workers) -> bool:
+    return not any(_running(w) for w in workers)
+
+
+@pytest.mark.parametrize("how", ["unmount", "SIGTERM", "SIGKILL"])
+def test_no_worker_outlives_its_mount(model, mount, how):
+    path, expected = model
+    mnt = mount(path, "--workers", "2")
+    pid = daemon_pid(mnt)
+    name = "d.q4_k.weight"
+    assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
+                          expected[name].values.view(np.uint32))
+    workers = _wait_workers(pid, 2)
+    if how == "unmount":
+        assert run_tensorfs("unmount", mnt).returncode == 0
+    else:
+        os.kill(pid, getattr(signal, how))
+    assert wait_for(lambda: not alive(pid), 30)
+    assert wait_for(lambda: _no_workers_left(workers), 30), \
+        [w for w in workers if _running(w)]
+
+
+def test_workers_0_and_models_without_costly_types_start_no_worker(model, mount, tmp_path):
+    path, expected = model
+    mnt = mount(path, "--workers", "0")
+    name = "d.q4_k.weight"
+    assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
+                          expected[name].values.view(np.uint32))
+    assert _workers_of(daemon_pid(mnt)) == []
+
+    st_path = tmp_path / "bf16.safetensors"          # BF16 only: a cheap conversion
+    st_path.write_bytes(safetensors_corpus.one("BF16", (4,), 0, 8, data=bytes(8)))
+    mnt2 = mount(st_path, "--workers", "2")
+    time.sleep(0.5)
+    assert _workers_of(daemon_pid(mnt2)) == []
+
+
+def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
+    path, _ = model
+    (tmp_path / "m").mkdir()
+    result = run_tensorfs("mount", path, tmp_path / "m", "--workers", "-1")
+    assert result.returncode == 2
+    assert result.stderr.startswith("tensorfs: error: --workers") and result.stderr.count("\n") == 1
