@@ -56,6 +56,22 @@ def parse_views(text: str) -> tuple[str, ...]:
     return tuple(v for v in ("raw", "npy") if v in views)
 
 
+def worker_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"not a number of processes: {text!r} (0 or more)")
+    return n
+
+
+def _workers(n: int | None) -> int:
+    from tensorfs.workers import default_size
+
+    return default_size() if n is None else n
+
+
 def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not match:
@@ -91,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
                        f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
-    mount.add_argument("--workers", type=int, default=None, metavar="N",
+    mount.add_argument("--workers", type=worker_count, default=None, metavar="N",
                        help="processes converting quantized tensors (default: one per CPU "
                             "available; 0: convert in the daemon's threads)")
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
@@ -402,7 +418,8 @@ def cmd_mount(args) -> int:
         with _no_gc_while_building():
             cache = ByteLRU(args.cache_size)
             model = load_model(args.model, _remote_settings(args, cache))
-            mounted = build_mount(model, cache, args.layout, args.views)
+            mounted = build_mount(model, cache, args.layout, args.views,
+                                  workers=_workers(args.workers))
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)
     except BaseException:

@@ -211,6 +211,8 @@ def test_workers_0_and_models_without_costly_types_start_no_worker(model, mount,
 def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
     path, _ = model
     (tmp_path / "m").mkdir()
-    result = run_tensorfs("mount", path, tmp_path / "m", "--workers", "-1")
-    assert result.returncode == 2
-    assert result.stderr.startswith("tensorfs: error: --workers") and result.stderr.count("\n") == 1
+    for bad in ("-1", "two"):
+        result = run_tensorfs("mount", path, tmp_path / "m", "--workers", bad)
+        assert result.returncode == 2
+        assert result.stderr.startswith("tensorfs: error: ") and "--workers" in result.stderr
+        assert result.stderr.count("\n") == 1
