@@ -367,11 +367,17 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
                 ready_w=ready_w, err_w=err_w)
     os.close(ready_w)
     os.close(err_w)
-    os.close(log_fd)
-    message, stderr = _wait_ready(ready_r, err_r, pid)
-    if message != "ok":
-        reason = _one_line(message.removeprefix("error: "), stderr, mountpoint)
-        raise DaemonError(f"{mountpoint}: mount failed: {reason} (log: {log_path})")
+    try:
+        message, stderr = _wait_ready(ready_r, err_r, pid)
+        if message != "ok":
+            reason = _one_line(message.removeprefix("error: "), stderr, mountpoint)
+            # the daemon never saw libfuse's words (they came here): the log gets them too
+            _setup_logging(open(os.dup(log_fd), "a", buffering=1), debug)
+            log.error("mount at %s failed: %s", mountpoint, reason)
+            logging.shutdown()
+            raise DaemonError(f"{mountpoint}: mount failed: {reason} (log: {log_path})")
+    finally:
+        os.close(log_fd)
 
 
 def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited, debug,
