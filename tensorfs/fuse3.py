@@ -551,7 +551,7 @@ class Session:
                 raise FuseUnavailable("could not install the FUSE signal handlers")
             try:
                 if lib.fuse_session_mount(se, mountpoint.encode("utf-8", "surrogateescape")) != 0:
-                    raise FuseUnavailable(f"{mountpoint}: mount failed")
+                    raise FuseUnavailable(_libfuse_said["error"] or f"{mountpoint}: mount failed")
                 threading.Thread(target=self._announce, args=(mountpoint, on_ready),
                                  name="tensorfs-ready", daemon=True).start()
                 try:
