@@ -27,8 +27,8 @@ def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan],
     remote = is_url(model.source)
     if remote:      # SPEC §8: the URL as shown (no credentials), the version each file had
         doc["source"] = model.source
-        if not model.sharded:
-            doc["version"] = _version(model, first)
+        if not model.sharded:       # "version" is the format's (GGUF 3)
+            doc["source_version"] = _version(model, first)
     if model.sharded:
         doc["shards"] = [{"file": os.path.basename(f.path), "size": f.file_size,
                           "format": f.format, "data_offset": f.data_offset}
