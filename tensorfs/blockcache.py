@@ -106,7 +106,7 @@ class BlockReader:
             n = min(len(data) - start, size - pos)
             out[pos:pos + n] = memoryview(data)[start:start + n]
             pos += n
-        self._read_ahead(first, last)
+        self._read_ahead(first, last, offset + size)
         return pos
 
     def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
@@ -205,15 +205,21 @@ class BlockReader:
         return min(self.block, self.size - index * self.block)
 
     # -- read-ahead ------------------------------------------------------------------------
-    def _read_ahead(self, first: int, last: int) -> None:
+    def _read_ahead(self, first: int, last: int, end: int) -> None:
         """A read that starts in the block where an earlier one ended (or the next) continues
-        that reader's stream: its window doubles and that many blocks after it are fetched."""
+        that reader's stream: its window doubles and that many blocks after it are fetched,
+        never past the end of the tensor being read (each file of a mount is one tensor: what
+        lies beyond is another file)."""
+        i = bisect.bisect_right(self._starts, end - 1) - 1
+        if i < 0 or end > self._ends[i]:
+            return                      # not inside a tensor (a header): no read-ahead
+        limit = (self._ends[i] - 1) // self.block
         with self._lock:
             window = self._streams.pop(first, None)
             if window is not None:
                 window = min(self._max_ahead(), max(1, 2 * window))
             else:
-                window = 1 if first == 0 else 0     # from the start: a reader of the whole
+                window = 0              # a new reader: read-ahead from its second read on
             for key in (last, last + 1):
                 self._streams[key] = window
                 self._streams.move_to_end(key)
@@ -222,7 +228,7 @@ class BlockReader:
             if not window or self.closed:
                 return
             todo = []
-            for index in range(last + 1, min(self.n_blocks, last + 1 + window)):
+            for index in range(last + 1, min(limit + 1, last + 1 + window)):
                 if index in self._pending or self.memory.lookup((self.key, index)) is not None:
                     continue
                 self._pending[index] = Future()

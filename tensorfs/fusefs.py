@@ -38,7 +38,8 @@ class TensorFS:
     @staticmethod
     def errno_of(exc: BaseException) -> int:
         if isinstance(exc, SourceError):
-            log.error("%s", exc)
+            if not getattr(exc, "logged", False):   # a source that said it already (once)
+                log.error("%s", exc)
             return errno.EIO
         if isinstance(exc, OSError):
             log.error("%s", exc)

@@ -6,6 +6,8 @@ prefix of the file, grown (doubling) while the parser asks for more.
 
 from __future__ import annotations
 
+import dataclasses
+
 from tensorfs.errors import ModelError
 from tensorfs.formats import NeedMoreBytes
 from tensorfs.model import Model, ModelFile
@@ -99,9 +101,13 @@ def load_model(path: str, remote=None) -> Model:
     from tensorfs.location import location_for
 
     location = location_for(path, remote)
+    named = location.normalize(path)
     try:
-        model = shards.load(location.normalize(path), location)
+        model = shards.load(named, location)
     except BaseException:
         location.close_all()
         raise
-    return location.attach(model)
+    model = location.attach(model)
+    if named != path or "://" in path:
+        model = dataclasses.replace(model, url=named)
+    return model

@@ -24,9 +24,9 @@ def metadata_document(model: Model, paths: dict, plans: dict[str, ViewPlan],
         "metadata": {key: value.value() for key, value in model.metadata.items()},
         "metadata_types": {key: value.type_name for key, value in model.metadata.items()},
     }
-    remote = is_url(model.source)
-    if remote:      # SPEC §8: the URL as shown (no credentials), the version each file had
-        doc["source"] = model.source
+    remote = model.url is not None or is_url(model.source)
+    if remote:      # SPEC §8: the URL as named (no credentials), the version each file had
+        doc["source"] = model.url or model.source
         if not model.sharded:       # "version" is the format's (GGUF 3)
             doc["source_version"] = _version(model, first)
     if model.sharded:

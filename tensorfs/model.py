@@ -100,6 +100,7 @@ class Model:
     # each file's source (tensorfs.source), by ModelFile.path: the very ones the files were
     # parsed from, so that a mount serves what it parsed.  Empty for a model built by hand.
     sources: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+    url: str | None = None          # the URL the user named (without credentials), if remote
 
     def close(self) -> None:
         for source in self.sources.values():

@@ -661,6 +661,14 @@ def _mount_error(error: FetchError, path: str) -> ModelError:
     return ModelError(kinds.get(error.kind, "remote_error"), message, file=path)
 
 
+_log_lock = threading.Lock()
+
+
+def _logged(error: SourceError) -> SourceError:
+    error.logged = True
+    return error
+
+
 class RemoteSource:
     """A remote file as served: size and version pinned by the first request, the header
     kept from the parse, every other byte read through the block cache."""
@@ -717,7 +725,7 @@ class RemoteSource:
             raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset} past "
                               f"the end ({self.size} bytes)")
         if self.broken is not None:
-            raise SourceError(errno.EIO, f"{self.path}: {self.broken}")
+            raise _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
         end = offset + size
         if end <= len(self._head):
             buf[:] = memoryview(self._head)[offset:end]
@@ -734,26 +742,30 @@ class RemoteSource:
         except FetchError as error:
             raise self._failed(error, offset, size) from None
         except TimeoutError:
-            raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: no "
-                              f"answer within {self.timeout:g} s") from None
+            raise self._failed(FetchError("timeout", f"no answer within {self.timeout:g} s"),
+                               offset, size) from None
         except SourceError:
             raise
         except OSError as error:
-            raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: "
-                              f"{error.strerror or error}") from None
+            raise self._failed(FetchError("http", str(error.strerror or error)), offset,
+                               size) from None
 
     def _failed(self, error: FetchError, offset: int, size: int) -> SourceError:
+        """The read's EIO, logged here (the FUSE layer does not log it again): a change of
+        version once for the file, any other failure once per read."""
         if error.kind == "version" and self.broken is None:
             self.broken = (f"{error.message}; every read of it now fails with EIO (mount again "
                            f"to serve the new version)")
         if self.broken is not None:
-            if not self._broken_logged:
+            with _log_lock:
+                first = not self._broken_logged
                 self._broken_logged = True
+            if first:
                 log.error("%s: %s", self.path, self.broken)
-            return SourceError(errno.EIO, f"{self.path}: {self.broken}")
+            return _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
         log.error("%s: read of %d bytes at %d failed: %s", self.path, size, offset, error.message)
-        return SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: "
-                           f"{error.message}")
+        return _logged(SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: "
+                                   f"{error.message}"))
 
     # -- requests ------------------------------------------------------------------------------
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
