@@ -306,12 +306,14 @@ def cmd_inspect(args) -> int:
         model = load_model(args.model, _remote_settings(args, None))
         model.close()                   # headers only: nothing more is read
     if args.json:
-        from tensorfs.metadata_json import metadata_document, metadata_json_bytes
+        from tensorfs.metadata_json import metadata_json_pieces
         from tensorfs.mounttree import describe
 
         paths, plans = describe(model)
-        sys.stdout.buffer.write(metadata_json_bytes(metadata_document(model, paths, plans)))
         sys.stdout.flush()
+        for piece in metadata_json_pieces(model, paths, plans):     # never one string
+            sys.stdout.buffer.write(piece)
+        sys.stdout.buffer.flush()
         return 0
     write_report(model, sys.stdout)
     sys.stdout.flush()

@@ -21,26 +21,22 @@ The user's version of these rules is docs/shards-and-metadata.md.
   back.  Numbers and booleans as for scalars; an element that is itself an array (GGUF
   nested arrays) or an object is one line of JSON.
 
-Scalars are ``GeneratedView``s.  Arrays are ``ArrayTextView``s: the text is made in chunks
-of ``CHUNK_ELEMENTS`` elements, each chunk kept in the shared LRU; the first stat renders
-every chunk once to learn its length (only the per-chunk end offsets are kept by the view),
-so the exact size is known without the whole text ever existing as one object.  The decoded
-elements (``MetadataValue.value()``, a whole-array decode) are kept in the same LRU, with
-their estimated size, so that a chunk evicted and read again costs a slice and a render, not
-another decode of the array.
+Scalars are ``GeneratedView``s.  Arrays are ``ArrayTextView``s: a ``GeneratedView`` whose
+text is made in chunks of ``CHUNK_ELEMENTS`` elements from one decode of the array, kept in
+the shared LRU in blocks; the first stat renders the text once to learn its length, and a
+sequential read costs one more decode and render whatever ``--cache-size`` is (the view's
+cursor continues where the last block ended, see ``tensorfs.views.GeneratedView``).
 """
 
 from __future__ import annotations
 
-import bisect
-import json
 import re
-import threading
 from typing import Hashable
 
 from tensorfs.cache import ByteLRU
+from tensorfs.metadata_json import json_line
 from tensorfs.model import MetadataValue, Model
-from tensorfs.namespace import Tree, _fit, escape_component
+from tensorfs.namespace import Tree, entry_name
 from tensorfs.views import GeneratedView
 
 DIRECTORY = "metadata"
@@ -57,10 +53,7 @@ _NUMERIC_ARRAYS = frozenset(f"array[{t}]" for t in (
 
 def metadata_file_name(key: str) -> str:
     """The file name of ``key`` inside ``metadata/``."""
-    name = escape_component(key)
-    if name in (".", ".."):
-        name = name.replace(".", "%2E")
-    return _fit(name, key)
+    return entry_name(key)
 
 
 # -- text of values -----------------------------------------------------------------------
@@ -84,12 +77,7 @@ def escape_element(text: str) -> str:
 
 
 def _json_line(value) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:                   # lone surrogates: \u escapes keep it valid
-        return json.dumps(value, ensure_ascii=True)
+    return json_line(value)
 
 
 def format_element(value) -> str:
@@ -140,91 +128,20 @@ def render_lines(items: list, type_name: str) -> bytes:
 
 # -- views --------------------------------------------------------------------------------
 
-class _Decoded:
-    """A decoded array in the LRU: ``len`` is its estimated size in memory, which is what
-    the cache counts."""
-
-    __slots__ = ("items", "_nbytes")
-
-    def __init__(self, items: list):
-        self.items = items
-        if items and all(type(x) is str for x in items[:64]):
-            self._nbytes = 64 * len(items) + sum(map(len, items))
-        else:
-            self._nbytes = 40 * len(items)
-
-    def __len__(self) -> int:
-        return self._nbytes
-
-
-class ArrayTextView:
-    """An array's text, one element per line, generated in chunks of ``CHUNK_ELEMENTS``."""
+class ArrayTextView(GeneratedView):
+    """An array's text, one element per line, rendered ``CHUNK_ELEMENTS`` elements at a
+    time: a ``GeneratedView`` whose producer decodes the array once and yields its lines
+    chunk by chunk, so the whole text never exists as one object and reading it costs one
+    decode whatever the cache holds."""
 
     def __init__(self, cache: ByteLRU, key: Hashable, value: MetadataValue):
-        self.cache = cache
-        self.key = key
+        super().__init__(cache, key, lambda: self._pieces())
         self.value = value
-        self._ends: list[int] | None = None     # end offset of each chunk
-        self._lock = threading.Lock()
 
-    def _items(self) -> list:
-        decoded = self.cache.get((self.key, "decoded"), lambda: _Decoded(list(self.value.value())))
-        return decoded.items
-
-    def _render(self, index: int, items: list | None = None) -> bytes:
-        items = self._items() if items is None else items
-        start = index * CHUNK_ELEMENTS
-        return render_lines(items[start:start + CHUNK_ELEMENTS], self.value.type_name)
-
-    def _chunk(self, index: int, memo: list) -> bytes:
-        """Chunk ``index`` from the cache, or rendered; ``memo`` keeps the decoded elements
-        for the rest of one read (a cache too small to keep them decodes once per read)."""
-        def render() -> bytes:
-            if not memo:
-                memo.append(self._items())
-            return self._render(index, memo[0])
-        return self.cache.get((self.key, index), render)
-
-    def _layout(self) -> list[int]:
-        ends = self._ends
-        if ends is not None:
-            return ends
-        with self._lock:
-            if self._ends is None:
-                items = self._items()
-                ends, total = [], 0
-                for index in range((len(items) + CHUNK_ELEMENTS - 1) // CHUNK_ELEMENTS):
-                    chunk = self._render(index, items)
-                    self.cache.get((self.key, index), lambda: chunk)
-                    total += len(chunk)
-                    ends.append(total)
-                self._ends = ends
-            return self._ends
-
-    @property
-    def cheap_size(self) -> bool:
-        return self._ends is not None
-
-    @property
-    def size(self) -> int:
-        ends = self._layout()
-        return ends[-1] if ends else 0
-
-    def read(self, offset: int, size: int) -> bytes:
-        ends = self._layout()
-        total = ends[-1] if ends else 0
-        if offset >= total or size <= 0:
-            return b""
-        end = min(total, offset + size)
-        pieces, memo = [], []
-        index = bisect.bisect_right(ends, offset)
-        while index < len(ends) and offset < end:
-            base = ends[index - 1] if index else 0
-            chunk = self._chunk(index, memo)
-            pieces.append(chunk[offset - base:end - base])
-            offset = ends[index]
-            index += 1
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    def _pieces(self):
+        items = self.value.value()
+        for start in range(0, len(items), CHUNK_ELEMENTS):
+            yield render_lines(items[start:start + CHUNK_ELEMENTS], self.value.type_name)
 
 
 def is_array(value: MetadataValue) -> bool:

@@ -9,13 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tensorfs.cache import ByteLRU
+from tensorfs.errors import ModelError
 from tensorfs.metadata_files import add_metadata_files
-from tensorfs.metadata_json import metadata_document, metadata_json_bytes
+from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
-from tensorfs.namespace import TensorPaths, Tree, tensor_paths
+from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
 from tensorfs.plan import ViewPlan, plan_view
 from tensorfs.source import ModelSource
-from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView
+from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView, npy_header
 from tensorfs.workers import WorkerPool
 
 
@@ -100,6 +101,40 @@ def _has_costly_conversions(model: Model) -> bool:
     return False
 
 
+# The largest size ``stat`` can tell: st_size is a signed 64-bit off_t (the kernel's
+# MAX_LFS_FILESIZE).  A larger number would wrap (an exabyte view showed 128 bytes) or make
+# the kernel refuse the attributes (EIO on stat).
+MAX_FILE_SIZE = 2**63 - 1
+# A view is at most this many times its file's bytes: float32 from the smallest stored type
+# (IQ1_S, 1.5625 bits per element: x20.5) plus a .npy header (at most ~24 bytes per
+# dimension, and a dimension costs the header at least a byte).
+MAX_VIEW_GROWTH = 64
+
+
+def check_sizes(model: Model) -> None:
+    """Every size the kernel will be told fits in ``st_size``, or ``ModelError``: one line,
+    at mount.  Raw files, header.bin and headers/ are parts of a file, whose size the
+    kernel already told in an off_t; only the .npy views can be larger than their file,
+    and they are checked one by one only in a file so large that one could be (so a
+    100k-tensor model pays nothing)."""
+    by_type: dict[tuple, ViewPlan] = {}
+    for f in model.files:
+        if f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
+            continue
+        for t in f.tensors:
+            key = (t.dtype, t.ggml_type, t.byte_order)
+            plan = by_type.get(key) or by_type.setdefault(key, plan_view(t))
+            if plan.kind is None:
+                continue
+            data = t.nbytes if plan.kind == "native" else t.n_elements * 4
+            if data + 128 + 24 * len(t.shape) > MAX_FILE_SIZE and \
+                    data + len(npy_header(plan.npy_dtype, t.shape)) > MAX_FILE_SIZE:
+                raise ModelError(
+                    "file_size", f"tensor {t.name!r} ({t.dtype} {list(t.shape)}) would have "
+                    f"a .npy view of {data} bytes of data, more than a file can have "
+                    f"(2**63 - 1 bytes)", name=t.name, offset=t.offset, file=t.file)
+
+
 # The files a tensor may have (``--views``): its raw bytes, and its .npy view.
 VIEWS = ("raw", "npy")
 
@@ -120,6 +155,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
+    if serve_npy:
+        check_sizes(model)
     pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
@@ -129,15 +166,15 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
 
     if model.sharded:
         for f in model.files:
-            tree.add_file(f"headers/{os.path.basename(f.path)}.bin",
+            tree.add_file(f"headers/{entry_name(os.path.basename(f.path))}.bin",
                           RawView(sources[f.path], 0, f.header_size))
     else:
         f = model.files[0]
         tree.add_file("header.bin", RawView(sources[f.path], 0, f.header_size))
 
-    def produce_metadata_json() -> bytes:
+    def produce_metadata_json():
         paths, plans = describe(model, layout)
-        return metadata_json_bytes(metadata_document(model, paths, plans, views))
+        return metadata_json_pieces(model, paths, plans, views)
 
     tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
     add_metadata_files(tree, model, cache)

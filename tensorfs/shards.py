@@ -63,18 +63,24 @@ KINDS: dict[str, str] = {
     "empty_index":      "an index whose weight_map names no tensor",
     "shard_path":       "an index naming a shard that is not a plain file name in its directory",
     "missing_shard":    "a shard file (named by an index, or by a split GGUF's count) that does not exist",
+    "shard_kind":       "a shard name that names a directory or another non-regular file",
     "shard_format":     "a shard in another format than its set (a GGUF named by an index ...)",
     "index_tensor":     "an index naming a tensor that its shard does not hold",
     "duplicate_tensor": "the same tensor name in two shards",
-    "split_key":        "split.no / split.count / split.tensors.count missing where needed, or not an integer",
+    "split_key":        "split.no / split.count / split.tensors.count missing where needed, not an "
+                        "integer, or out of range (split.count above 99999, negative counts)",
     "split_name":       "a first split GGUF whose file name is not PREFIX-00001-of-NNNNN.gguf for its split.count",
     "not_first":        "a split GGUF shard other than the first was given",
     "split_count":      "a shard whose split.count differs from the first shard's",
-    "split_no":         "a shard whose split.no is not its place in the set (out of order, duplicated)",
+    "split_no":         "a shard whose split.no is not its place in the set (out of order, "
+                        "duplicated), or outside 0 to split.count - 1",
     "tensor_count":     "split.tensors.count differs from the number of tensors the shards hold",
 }
 
-MAX_INDEX_BYTES = 1 << 30
+# The largest index read: the biggest real ones are ~10 MB (a 100k-tensor weight_map).  The
+# size is checked with fstat before anything is read, so a huge (or sparse) file costs
+# nothing; decoding an index costs a few times its size in Python objects.
+MAX_INDEX_BYTES = 64 << 20
 SPLIT_GGUF_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.S)
 SHARD_SAFETENSORS_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors", re.S)
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -260,12 +266,22 @@ def _read_index(path: str, loc: Location | None = None) -> tuple[dict, dict[str,
         if own:
             loc.close_all()
     if raw is None:
-        raise _error("index_json", f"index is larger than {MAX_INDEX_BYTES} bytes", path)
+        raise _error("index_json", f"index is more than the {MAX_INDEX_BYTES} bytes an index "
+                     "may have (its size is checked before anything is read)", path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise _error("index_json", "index is not valid UTF-8", path, offset=exc.start) from None
     bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
+    from tensorfs.formats.safetensors import _lone_surrogate
+
+    lone = _lone_surrogate(text)
+    if lone is not None:
+        # Python's json would accept it, and the string could then be written nowhere as
+        # UTF-8 (metadata.json, metadata/ names, a terminal): refused, as safetensors
+        # headers are (serde_json refuses it).
+        raise _error("index_json", "index is not valid JSON: lone UTF-16 surrogate in a \\u "
+                     "escape", path, offset=bom + len(text[:lone].encode("utf-8")))
     try:
         doc = _decoded_if_unique(text)
         if doc is _UNDECIDED:
@@ -372,7 +388,7 @@ def _check_present(names: list[str], paths: list[str], file: str, named_by: str,
     for name, kind in zip(names, kinds):
         if kind != FILE:
             what = "a directory" if kind == DIRECTORY else "not a regular file"
-            raise _error("missing_shard", f"shard {_quote(name)} {named_by} is {what}", file)
+            raise _error("shard_kind", f"shard {_quote(name)} {named_by} is {what}", file)
 
 
 def _owners(files: list[ModelFile], file: str) -> dict[str, str]:
@@ -415,6 +431,7 @@ def _shards_match_index(weight_map: dict[str, str], shard_names: list[str],
 # ---------------------------------------------------------------------------------------
 
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+MAX_SPLIT_COUNT = 99999         # shard names number them in five digits (PREFIX-00001-of-NNNNN)
 
 
 def _int_key(model_file: ModelFile, key: str) -> int | None:
@@ -431,13 +448,24 @@ def _int_key(model_file: ModelFile, key: str) -> int | None:
 def _split_keys(model_file: ModelFile) -> tuple[int, int, int | None] | None:
     """(split.no, split.count, split.tensors.count) of a shard of a split set, or None."""
     count = _int_key(model_file, SPLIT_COUNT)
+    if count is not None and not 0 <= count <= MAX_SPLIT_COUNT:
+        raise _error("split_key", f"split.count is {count}: a split GGUF has 2 to "
+                     f"{MAX_SPLIT_COUNT} shards (0 or 1: not split)", model_file.path,
+                     name=SPLIT_COUNT)
     if count is None or count <= 1:
         return None
     number = _int_key(model_file, SPLIT_NO)
     if number is None:
         raise _error("split_key", f"split.count is {count} but split.no is missing",
                      model_file.path, name=SPLIT_NO)
-    return number, count, _int_key(model_file, SPLIT_TENSORS)
+    if not 0 <= number < count:
+        raise _error("split_no", f"split.no is {number}, outside 0 to {count - 1} for "
+                     f"split.count {count}", model_file.path, name=SPLIT_NO)
+    tensors = _int_key(model_file, SPLIT_TENSORS)
+    if tensors is not None and tensors < 0:
+        raise _error("split_key", f"split.tensors.count is {tensors}, a negative number of "
+                     "tensors", model_file.path, name=SPLIT_TENSORS)
+    return number, count, tensors
 
 
 def split_shard_name(prefix: str, number: int, count: int) -> str:
@@ -469,7 +497,8 @@ def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], sourc
             raise _error("shard_format", f"shard {_quote(names[i])} is {shard.format}, not GGUF", given)
         keys = _split_keys(shard)
         if keys is None or keys[1] != count:
-            theirs = "missing" if keys is None else keys[1]
+            theirs = _int_key(shard, SPLIT_COUNT)
+            theirs = "missing" if theirs is None else theirs
             raise _error("split_count", f"shard {_quote(names[i])} has split.count {theirs}, the "
                          f"first shard {count}", given, name=SPLIT_COUNT)
         if keys[0] != i:

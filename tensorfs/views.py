@@ -2,8 +2,9 @@
 ``read(offset, size) -> bytes``; none knows about FUSE or about the tree it sits in.
 
 - ``RawView``: a byte range of the model file, served as stored.
-- ``GeneratedView``: content made on first use and kept in the shared LRU cache
-  (metadata.json); its size is learnt by generating it once.
+- ``GeneratedView``: content made on first use and kept in the shared LRU cache in blocks
+  (metadata.json, metadata/ files); its size is learnt by generating it once, and reading
+  it costs one generation whatever the cache holds.
 - ``NpyView``: an .npy file, a header made on first use followed by a data view.
 - ``ConvertedView``: a tensor converted to float32 block by block, only for the bytes a
   reader asks for (``tensorfs.convert`` supplies the kernels).
@@ -19,6 +20,7 @@ once — see docs/serving.md.  ``fill_from(view, offset, buf)`` gives any view t
 from __future__ import annotations
 
 import io
+import logging
 import os
 import threading
 import weakref
@@ -30,6 +32,8 @@ from numpy.lib import format as npy_format
 
 from tensorfs.cache import ByteLRU
 from tensorfs.source import ModelSource
+
+log = logging.getLogger("tensorfs")
 
 
 def _clip(offset: int, size: int, total: int) -> tuple[int, int]:
@@ -69,25 +73,125 @@ class RawView:
         return self.source.read_into(self.offset + offset, buf[:size]) if size else 0
 
 
-class GeneratedView:
-    """Content produced by ``produce()`` when first read or stat'ed, cached by ``key``."""
+# Generated content is kept in the shared LRU in blocks of this many bytes.
+GENERATED_BLOCK = 256 << 10
+# A generated file larger than the cache is read through a cursor: its producer, left where
+# the last block it made ended, and the last WINDOW_BLOCKS blocks it made (the kernel has
+# up to its 1 MiB read-ahead plus a 1 MiB request in flight, answered in any order).  At
+# most LIVE_CURSORS files have one at a time: WINDOW_BLOCKS * GENERATED_BLOCK * LIVE_CURSORS
+# = 16 MiB at most outside --cache-size, besides what each producer holds (the decoded
+# value it is writing out, no more than the mount holds for it anyway).
+WINDOW_BLOCKS = 16
+LIVE_CURSORS = 4
 
-    def __init__(self, cache: ByteLRU, key: Hashable, produce: Callable[[], bytes],
+_live_cursors: list = []            # weak references to the views that hold a cursor
+_live_lock = threading.Lock()
+
+
+class _Cursor:
+    """A producer part-way through: ``index`` is the block it makes next."""
+
+    __slots__ = ("pieces", "index", "pending", "window")
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.index = 0
+        self.pending = bytearray()
+        self.window: dict[int, bytes] = {}
+
+    def next_block(self) -> bytes | None:
+        """The next block (the last one may be short), or None past the end."""
+        while len(self.pending) < GENERATED_BLOCK:
+            piece = next(self.pieces, None)
+            if piece is None:
+                break
+            self.pending += piece
+        if not self.pending:
+            return None
+        block = bytes(self.pending[:GENERATED_BLOCK])
+        del self.pending[:GENERATED_BLOCK]
+        self.window[self.index] = block
+        self.window.pop(self.index - WINDOW_BLOCKS, None)
+        self.index += 1
+        return block
+
+
+class GeneratedView:
+    """Content made by ``produce()`` -- bytes, or an iterable of bytes pieces (metadata.json,
+    a vocabulary's text) -- kept in the shared LRU in blocks of ``GENERATED_BLOCK``.
+
+    Reading it from start to end costs one generation (two with the first stat, which
+    generates once to learn the size) whatever ``--cache-size`` is: a block the cache no
+    longer holds is made by the cursor, which continues the producer from where the last
+    block ended; only a read behind the cursor (and outside its window) starts the producer
+    again.  Content that fits in the cache is generated once, as before.  ``generations``
+    counts the producer's starts (logged at debug level)."""
+
+    def __init__(self, cache: ByteLRU, key: Hashable, produce: Callable[[], object],
                  size: int | None = None):
         self.cache = cache
         self.key = key
         self.produce = produce
         self._size = size
+        self._lock = threading.Lock()
+        self._cursor: _Cursor | None = None
+        self.generations = 0
 
-    def content(self) -> bytes:
-        data = self.cache.get(self.key, self.produce)
-        self._size = len(data)
-        return data
+    def _start(self) -> _Cursor:
+        self.generations += 1
+        log.debug("%s: generating (start %d)", self.key, self.generations)
+        out = self.produce()
+        if isinstance(out, (bytes, bytearray, memoryview)):
+            out = (bytes(out),)
+        cursor = _Cursor(iter(out))
+        with _live_lock:
+            _live_cursors.append(weakref.ref(self))
+            while len(_live_cursors) > LIVE_CURSORS:
+                view = _live_cursors.pop(0)()
+                if view is not None and view is not self:
+                    view._cursor = None
+        return cursor
+
+    def _keep(self, index: int, block: bytes) -> None:
+        """A block made on the way to another: kept if the cache can (never waits: the
+        thread that asked for it may be waiting for this view's lock)."""
+        self.cache.put((self.key, index), block)
+
+    def _make(self, index: int) -> bytes:
+        """Block ``index``, from the cursor's window or by moving the cursor to it."""
+        with self._lock:
+            cursor = self._cursor
+            if cursor is not None and index in cursor.window:
+                return cursor.window[index]
+            if cursor is None or cursor.index > index:
+                cursor = self._cursor = self._start()
+            try:
+                while True:
+                    block = cursor.next_block()
+                    if block is None:               # past the end: done with the producer
+                        self._cursor = None
+                        return b""
+                    if cursor.index - 1 == index:
+                        return block
+                    self._keep(cursor.index - 1, block)
+            except BaseException:
+                self._cursor = None
+                raise
+
+    def _block(self, index: int) -> bytes:
+        return self.cache.get((self.key, index), lambda: self._make(index))
 
     @property
     def size(self) -> int:
         if self._size is None:
-            self.content()
+            with self._lock:
+                if self._size is None:
+                    cursor = self._start()
+                    total = 0
+                    while (block := cursor.next_block()) is not None:
+                        self._keep(cursor.index - 1, block)
+                        total += len(block)
+                    self._size = total
         return self._size
 
     @property
@@ -95,11 +199,21 @@ class GeneratedView:
         return self._size is not None
 
     def read(self, offset: int, size: int) -> bytes:
-        return self.content()[offset:offset + max(size, 0)]
+        out = bytearray(max(0, min(size, self.size - offset)))
+        n = self.read_into(offset, memoryview(out))
+        return bytes(out[:n])
 
     def read_into(self, offset: int, buf: memoryview) -> int:
-        data = self.content()
-        return _copy_into(buf, memoryview(data)[offset:]) if offset < len(data) else 0
+        offset, size = _clip(offset, len(buf), self.size)
+        pos = 0
+        while pos < size:
+            index, skip = divmod(offset + pos, GENERATED_BLOCK)
+            block = self._block(index)
+            if len(block) <= skip:
+                break
+            n = _copy_into(buf[pos:size], memoryview(block)[skip:])
+            pos += n
+        return pos
 
 
 def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
