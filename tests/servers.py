@@ -36,6 +36,8 @@ from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent
 MOTO_SERVER = REPO / "build" / "moto-venv" / "bin" / "moto_server"
+# /basic/ (the same files as /files/) wants HTTP basic auth with these: a secret in a URL
+BASIC_USER, BASIC_PASSWORD = "tfs", "pw-tensorfsBASIC-9f3"
 
 
 def free_port() -> int:
@@ -230,6 +232,11 @@ http {{
         location /files/ {{ }}
         location /norange/ {{ max_ranges 0; }}
         location /private/ {{ return 401; }}
+        location /basic/ {{
+            auth_basic tensorfs;
+            auth_basic_user_file {prefix}/htpasswd;
+            alias {www}/files/;
+        }}
         location /forbidden/ {{ return 403; }}
 
         location ~ "^/api/models/(?<org>[^/]+)/(?<repo>[^/]+)$" {{
@@ -355,6 +362,7 @@ class Nginx:
             self.port = free_port()
         conf = self.prefix / "nginx.conf"
         conf.write_text(self.config())
+        (self.prefix / "htpasswd").write_text(f"{BASIC_USER}:{{PLAIN}}{BASIC_PASSWORD}\n")
         self.proc = subprocess.Popen(
             [nginx, "-c", str(conf), "-p", str(self.prefix), "-e", str(self.prefix / "error.log")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fuse_mounts_under, run_tensorfs
+
+pytest.register_assert_rewrite("tests.remote.remote_checks")
 from tests.remote.remote_checks import HF_TOKEN, Corpus, Model
 from tests.servers import HubRepo, MotoServer, Nginx, Proxy
 
@@ -190,15 +192,17 @@ def remote_env(nginx, moto, tmp_path) -> dict[str, str]:
 
 
 @pytest.fixture
-def rmount(tmp_path, remote_env):
+def rmount(tmp_path, remote_env, mount):       # after `mount`: torn down before it
     """rmount(url, *options, env=None, name=None) -> mount point, mounted by the real command
-    with ``remote_env`` (plus ``env``); everything mounted is unmounted afterwards."""
+    with ``remote_env`` updated by ``env`` (None: removed); everything mounted is unmounted
+    afterwards."""
     mounted: list[Path] = []
 
     def _mount(url: str, *options, env: dict | None = None, name: str | None = None) -> Path:
         mnt = tmp_path / (name or f"rmnt{len(mounted)}")
         mnt.mkdir()
-        result = run_tensorfs("mount", url, mnt, *options, env={**remote_env, **(env or {})})
+        full = {k: v for k, v in {**remote_env, **(env or {})}.items() if v is not None}
+        result = run_tensorfs("mount", url, mnt, *options, env=full)
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
         mounted.append(mnt)
@@ -210,4 +214,4 @@ def rmount(tmp_path, remote_env):
         if result.returncode != 0 and fuse_mounts_under(mnt):
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
             pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
-    assert fuse_mounts_under(tmp_path) == []
+    assert [m for m in mounted if fuse_mounts_under(m)] == []

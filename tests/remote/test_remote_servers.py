@@ -4,7 +4,9 @@ the remote tests' failures say nothing about tensorfs."""
 
 from __future__ import annotations
 
+import base64
 import http.client
+import json
 import os
 import socket
 import time
@@ -14,7 +16,7 @@ import urllib.request
 import pytest
 
 from tests.remote.remote_checks import HF_TOKEN
-from tests.servers import parse_range
+from tests.servers import BASIC_PASSWORD, BASIC_USER, parse_range
 
 
 def get(url: str, headers: dict | None = None, method: str = "GET", timeout: float = 10):
@@ -43,8 +45,13 @@ def test_nginx_serves_ranges_with_an_etag_and_logs_them(nginx, corpus):
     assert status == 200 and body == data                       # Range ignored
     assert get(f"{nginx.url}/private/x")[0] == 401
     assert get(f"{nginx.url}/forbidden/x")[0] == 403
+    basic = f"{nginx.url}/basic/big/big.safetensors"
+    assert get(basic, ranged := {"Range": "bytes=0-9"})[0] == 401
+    auth = "Basic " + base64.b64encode(f"{BASIC_USER}:{BASIC_PASSWORD}".encode()).decode()
+    assert get(basic, {**ranged, "Authorization": auth})[2] == data[:10]
     assert get(f"{nginx.url}/files/nope")[0] == 404
     log = nginx.wait_quiet(mark, quiet=0.1)
+    assert not any(BASIC_PASSWORD in json.dumps(r) for r in log)
     assert [(r["method"], r["range"], r["status"], r["bytes"]) for r in log[:3]] == [
         ("GET", "bytes=100-1123", 206, 1024), ("HEAD", "bytes=100-1123", 206, 0),
         ("GET", "bytes=0-9", 200, len(data))]
