@@ -6,7 +6,6 @@ through the real ``tensorfs`` command with the endpoints in its environment."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 from pathlib import Path

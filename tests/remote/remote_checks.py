@@ -151,13 +151,17 @@ def assert_mount_fetched_headers_only(log: list[dict], files: list[Path], prefix
         assert sent <= header_size(path) + MiB, (path.name, sent, header_size(path))
 
 
-def _has_remote_mounts() -> bool:
-    import importlib.util
+def _known(what: str):
+    return pytest.mark.xfail(reason=f"product, not yet fixed: {what} (notes/remotetest.md)",
+                             strict=False)
 
-    return importlib.util.find_spec("tensorfs.blockcache") is not None
 
-
-# While issue 15 lands step by step: the tests of the product skip until its block cache
-# (docs/remote.md) is in the tree.  (To be removed once it has landed.)
-needs_remote = pytest.mark.skipif(not _has_remote_mounts(),
-                                  reason="remote models are not in this tree yet (issue 15)")
+# Failures of the product against SPEC §8 / docs/remote.md found by these tests and reported;
+# each test keeps its full check and passes again (XPASS) once the product is fixed.
+KNOWN_VERSION_KEY = _known("one file's object version overwrites metadata.json's 'version' "
+                           "(the format version: 3, null), so the doc differs from the local one")
+KNOWN_ARGV = _known("a URL's password/signature and --storage-option values stay in the "
+                    "daemon's /proc/PID/cmdline")
+KNOWN_LOG_ONCE = _known("a version change is logged at every failed read, not once")
+KNOWN_UNMOUNT_HANG = _known("the daemon outlives `unmount --lazy` while a request stalls")
+KNOWN_READ_AHEAD = _known("read-ahead of a small tensor runs on past its end (whole file fetched)")

@@ -8,14 +8,11 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import run_tensorfs
 from tests.remote.remote_checks import (
-    MiB, assert_matches_reference, doc_of, header_size, needs_remote)
+    MiB, assert_matches_reference, doc_of, header_size)
 from tests.servers import parse_range
-
-pytestmark = needs_remote
 
 
 def _read_all(mnt: Path) -> None:

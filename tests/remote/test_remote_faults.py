@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -22,10 +21,9 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
 from tests.conftest import fuse_mounts_under, run_tensorfs
 from tests.remote.remote_checks import (
-    HF_TOKEN, assert_matches_reference, doc_of, needs_remote, reference)
+    HF_TOKEN, KNOWN_LOG_ONCE, KNOWN_UNMOUNT_HANG, assert_matches_reference, doc_of,
+    reference)
 from tests.servers import HubRepo, free_port
-
-pytestmark = needs_remote
 
 EIO = errno.EIO
 RETRIES = 5          # docs/remote.md: up to 5 tries per read
@@ -126,6 +124,7 @@ def _error_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "ERROR" in line]
 
 
+@KNOWN_LOG_ONCE
 def test_an_http_object_replaced_under_a_live_mount_gives_eio(fresh_nginx, versions, rmount, tmp_path):
     old_path, old, new_path, new = versions
     server = fresh_nginx()
@@ -287,6 +286,7 @@ def test_a_stall_ends_in_eio_within_the_timeout_and_other_reads_go_on(nginx, pro
     assert alive(daemon_pid(mnt))
 
 
+@KNOWN_UNMOUNT_HANG
 def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env, tmp_path):
     p = proxy(nginx.port)
     mnt = tmp_path / "mnt"

@@ -16,13 +16,13 @@ import pytest
 
 from tests.conftest import run_tensorfs
 from tests.remote.remote_checks import (
-    MiB, assert_matches_reference, assert_mount_fetched_headers_only, assert_same_tree, doc_of,
-    header_size, needs_remote, without_remote_keys)
+    KNOWN_READ_AHEAD, KNOWN_VERSION_KEY, MiB, assert_matches_reference,
+    assert_mount_fetched_headers_only, assert_same_tree, doc_of, header_size,
+    without_remote_keys)
 from tests.servers import parse_range
 
-pytestmark = needs_remote
-
-KEYS = ["safetensors", "mixed", "sharded", "split"]
+KEYS = [pytest.param("safetensors", marks=KNOWN_VERSION_KEY), pytest.param("mixed", marks=KNOWN_VERSION_KEY),
+        "sharded", "split"]
 
 
 def url_of(transport: str, nginx, key: str, name: str) -> str:
@@ -62,7 +62,8 @@ def test_a_remote_model_reads_as_the_reference_readers_and_the_local_mount(
             assert versions == [nginx.hub[key].main] * len(versions)
 
 
-@pytest.mark.parametrize("form", ["hf://tfs/sharded@main", "hf://tfs/split@COMMIT", "hf://tfs/safetensors",
+@pytest.mark.parametrize("form", ["hf://tfs/sharded@main", "hf://tfs/split@COMMIT",
+                                  pytest.param("hf://tfs/safetensors", marks=KNOWN_VERSION_KEY),
                                   "s3://models/sharded/", "s3://models/split"])
 def test_a_repo_or_prefix_mounts_as_its_directory(form, nginx, s3, corpus, rmount, mount):
     key = form.split("/")[3].split("@")[0]
@@ -102,6 +103,7 @@ def test_a_tensor_of_several_blocks_reads_back_at_every_offset(nginx, corpus, rm
     assert_matches_reference(rmnt, model.files)
 
 
+@KNOWN_READ_AHEAD
 def test_mount_fetches_the_header_and_a_read_fetches_its_tensor(nginx, corpus, rmount):
     """Mount: ≤ header + 1 MiB.  numpy.load of one small tensor: its bytes and nothing far
     from them (at most one 4 MiB block beyond, docs/remote.md)."""
@@ -124,6 +126,7 @@ def test_mount_fetches_the_header_and_a_read_fetches_its_tensor(nginx, corpus, r
     assert lo <= entry["offset"] and hi >= entry["offset"] + entry["nbytes"] - 1
 
 
+@KNOWN_VERSION_KEY
 @pytest.mark.parametrize("transport", ["http", "hf", "s3"])
 def test_inspect_of_a_url_says_what_inspect_of_the_local_file_says(transport, nginx, s3, corpus,
                                                                    remote_env):
