@@ -108,9 +108,10 @@ class Statvfs(ctypes.Structure):
 
 
 class ConnInfo(ctypes.Structure):
-    """struct fuse_conn_info: 128 bytes in every libfuse 3.  3.17 gave part of the reserved
-    tail a meaning (``capable_ext``, ``want_ext``: 64-bit flags that replace ``capable`` and
-    ``want``); before 3.17 those bytes are reserved and never touched here."""
+    """struct fuse_conn_info: 128 bytes in every libfuse 3, each version giving more of the
+    reserved tail a meaning: 3.17 ``capable_ext`` and ``want_ext`` (64-bit flags replacing
+    ``capable`` and ``want``), 3.18 ``request_timeout``.  Before 3.17 the bytes declared here
+    as those fields are reserved, and never touched."""
     _fields_ = [("proto_major", ctypes.c_uint32), ("proto_minor", ctypes.c_uint32),
                 ("max_write", ctypes.c_uint32), ("max_read", ctypes.c_uint32),
                 ("max_readahead", ctypes.c_uint32), ("capable", ctypes.c_uint32),
@@ -119,7 +120,7 @@ class ConnInfo(ctypes.Structure):
                 ("max_backing_stack_depth", ctypes.c_uint32),     # 3.17 on
                 ("_flag_bits", ctypes.c_uint32),                   # no_interrupt:1, padding:31
                 ("capable_ext", ctypes.c_uint64), ("want_ext", ctypes.c_uint64),
-                ("reserved", ctypes.c_uint32 * 16)]
+                ("_tail", ctypes.c_uint8 * 64)]      # reserved; 3.18 took request_timeout
 
 
 class FuseArgs(ctypes.Structure):
