@@ -5,13 +5,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps venv test-venv demo test bench fuzz clean
+.PHONY: all system-deps test-system-deps venv test-venv demo test bench fuzz clean check-debian13
 all: test
 
-# Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds) and fusermount; libfuse2 is what
-# fusepy loads (the tests' slow FUSE source, bench/passthrough.py).
+# Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
+# on, as in Debian 13) and fusermount; libfuse2 is what fusepy loads (the tests' slow FUSE
+# source, bench/passthrough.py).
 system-deps:
-	@if ldconfig -p | grep -q 'libfuse3\.so\.3 ' && ldconfig -p | grep -q 'libfuse\.so\.2 ' \
+	@if ldconfig -p | grep -Eq 'libfuse3\.so\.[34] ' && ldconfig -p | grep -q 'libfuse\.so\.2 ' \
 	    && command -v fusermount >/dev/null && command -v getfattr >/dev/null; then :; else \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install fuse3 and libfuse2 (apt-get)" >&2; exit 1; fi; \
 	  echo "installing fuse3, libfuse2 and attr (getfattr, for the xattr tests) ..."; \
@@ -47,8 +48,17 @@ $(MOTO)/bin/moto_server:
 	$(PYTHON) -m venv $(MOTO)
 	$(MOTO)/bin/python -m pip install -q 'moto[server]==5.2.5'
 
+# A C compiler and libfuse3's headers: tests/test_struct_layout.py compiles the structs the
+# binding declares, and tests/test_libfuse_matrix.py builds upstream libfuse releases (with
+# meson and ninja from requirements-test.txt) to run the mount tests against each.
+test-system-deps:
+	@command -v cc >/dev/null && command -v pkg-config >/dev/null && pkg-config --exists fuse3 || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
+	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
+
 venv: system-deps $(VENV)/.installed
-test-venv: system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
+test-venv: system-deps test-system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
 
 demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
@@ -62,6 +72,14 @@ bench: test-venv
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev pkg-config
 	$(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run.py
+
+# A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
+# build/debian13, a clone of this repository (and ../shared) in it, and the README's two
+# commands run there as root in a chroot.  Needs root, debootstrap and the Debian mirror; not
+# part of `make test`.  DEBIAN_MIRROR picks the mirror; a second run reuses the tree.
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+check-debian13:
+	@bash tools/check-debian13.sh $(BUILD)/debian13 $(DEBIAN_MIRROR)
 
 fuzz: test-venv
 	$(BIN)/python -m pip install -q atheris
