@@ -214,6 +214,35 @@ def mbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e6
 
 
+def proc_status_kib(pid: int) -> dict:
+    """RssAnon, RssShmem ... of a process, in KiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Rss"):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0])
+    return out
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The daemon's conversion worker processes (tensorfs.workers)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    def is_worker(c):
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                return b"tensorfs.workers" in f.read()
+        except OSError:
+            return False
+    return [c for c in found if is_worker(c)]
+
+
 def rss_anon_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -492,6 +521,14 @@ def row_converted(b: Bench) -> None:
                 ours[q].append((arr.nbytes, time.perf_counter() - t0))
                 del arr
             bf16_raw.append(read_file(os.path.join(mnt, "conv/BF16/weight")))
+        with b.mount(model, "--workers", "0") as (mnt, _, _):   # issue 16: in-thread, as before
+            for q in CONV_TYPES:
+                if q == "BF16":
+                    continue
+                t0 = time.perf_counter()
+                arr = np.load(os.path.join(mnt, f"conv/{q}/weight.npy"))
+                ours.setdefault(f"{q}_w0", []).append((arr.nbytes, time.perf_counter() - t0))
+                del arr
         with b.mount(model) as (mnt, _, _):                                # same kind of read
             bf16_npy = read_file(os.path.join(mnt, "conv/BF16/weight.npy"))
             ours.setdefault("BF16_read", []).append(bf16_npy)
@@ -512,8 +549,11 @@ def row_converted(b: Bench) -> None:
                 times.append(time.perf_counter() - t0)
         mine = min(ours[q], key=lambda r: r[1])
         direct = min(ours[f"{q}_direct"], key=lambda r: r[1])
+        extra = {}
+        if f"{q}_w0" in ours:
+            extra["tensorfs_w0"] = mbps(*min(ours[f"{q}_w0"], key=lambda r: r[1]))
         b.record(f"4_{q}", tensorfs=mbps(*mine), gguf_py=mbps(out.nbytes, min(times)), nbytes=out.nbytes,
-                 direct=mbps(*direct))
+                 direct=mbps(*direct), spread=max(r[1] for r in ours[q]) / mine[1], **extra)
         del rows, out
     b.record("4_BF16_npy_vs_raw", npy=mbps(*min(ours["BF16_read"], key=lambda r: r[1])),
              raw=mbps(*min(bf16_raw, key=lambda r: r[1])))
@@ -601,6 +641,28 @@ def row_parallel(b: Bench) -> None:
                 slow.join()
         b.record(f"6_raw_beside_conversion{label}", alone=mbps(*min(alone, key=lambda r: r[1])),
                  beside=mbps(*min(beside, key=lambda r: r[1])))
+
+
+def row_workers(b: Bench) -> None:
+    """6w (issue 16): N parallel Q4_K .npy readers (N = the CPUs) against one reader, with
+    --workers 0 (in-thread) and 1..N worker processes; fresh mount per measurement."""
+    a = b.args
+    cmodel = conv_model(b)
+    cores = len(os.sched_getaffinity(0))
+    print(f"row 6w: {cores} parallel Q4_K readers by --workers", flush=True)
+    pread_range(cmodel, 0, os.path.getsize(cmodel))
+    files = [f"par/{i}/weight.npy" for i in range(max(cores, 1))]
+    for w in range(0, cores + 1):
+        runs = {"one": [], "n": []}
+        for _ in range(a.repeat):
+            with b.mount(cmodel, "--workers", str(w)) as (mnt, _, _):
+                runs["one"].append(read_file(os.path.join(mnt, files[0])))
+            with b.mount(cmodel, "--workers", str(w)) as (mnt, _, _):
+                runs["n"].append(parallel(read_file, [os.path.join(mnt, f) for f in files]))
+        best = {k: min(v, key=lambda r: r[1]) for k, v in runs.items()}
+        b.record(f"6w_{w}", one=mbps(*best["one"]), n=mbps(*best["n"]), readers=cores,
+                 one_spread=max(r[1] for r in runs["one"]) / best["one"][1],
+                 n_spread=max(r[1] for r in runs["n"]) / best["n"][1])
 
 
 def _mirror_tree(src_mnt: str, dst: str, paths_file: str) -> int:
@@ -694,12 +756,19 @@ def row_rss(b: Bench) -> None:
                     total += read_file(os.path.join(root, name))[0]
             dt = time.perf_counter() - t0
             after = rss_anon_kib(pid)
+            # issue 16: the workers' private memory, and the shared arena (RssShmem: the
+            # daemon maps every slot a worker wrote, so its RssShmem counts the arena once)
+            workers = worker_pids(pid)
+            worker_anon = [proc_status_kib(w).get("RssAnon", 0) for w in workers]
+            shmem = proc_status_kib(pid).get("RssShmem", 0)
             b.record(f"8_rss_{cache}", rss_before_mib=before / 1024, rss_after_mib=after / 1024,
-                     read_gib=total / (1 << 30), mbps=mbps(total, dt))
+                     read_gib=total / (1 << 30), mbps=mbps(total, dt), workers=len(workers),
+                     worker_anon_mib=sum(worker_anon) / 1024, arena_mib=shmem / 1024,
+                     total_mib=(after + shmem + sum(worker_anon)) / 1024)
 
 
 ROWS = {"raw": row_raw, "converted": row_converted, "mount": row_mount_time,
-        "parallel": row_parallel, "tree": row_tree, "rss": row_rss}
+        "parallel": row_parallel, "workers": row_workers, "tree": row_tree, "rss": row_rss}
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -796,6 +865,13 @@ def table(r: dict) -> list[tuple]:
             add("4d", f"{q} .npy read with O_DIRECT in 1 MiB reads (the daemon's rate, no page cache) "
                 "vs gguf.quants.dequantize", f"{x['direct']:,.0f} MB/s", f"{x['gguf_py']:,.0f} MB/s",
                 _ratio(x["direct"], x["gguf_py"]))
+    for q in CONV_TYPES:
+        if "tensorfs_w0" in r.get(f"4_{q}", {}):
+            x = r[f"4_{q}"]
+            add("4w", f"{q} .npy, numpy.load: worker processes (default --workers) vs `--workers 0` "
+                f"(in-thread; w0 / gguf-py = {x['tensorfs_w0'] / x['gguf_py']:.2f})",
+                f"{x['tensorfs']:,.0f} MB/s", f"{x['tensorfs_w0']:,.0f} MB/s",
+                _ratio(x["tensorfs"], x["tensorfs_w0"]))
     if "1_fresh_raw" in r and any(f"4_{q}" in r for q in CONV_TYPES):
         # A converted view moves as many float32 bytes through FUSE as a raw file of that size:
         # the raw rate of the same kind of read bounds it, before any conversion.
@@ -825,6 +901,12 @@ def table(r: dict) -> list[tuple]:
                 f"{x['one']:,.0f} MB/s", _ratio(x["four"], x["one"]))
             add("6", f"8 parallel readers, {what} (aggregate) vs one reader", f"{x['eight']:,.0f} MB/s",
                 f"{x['one']:,.0f} MB/s", _ratio(x["eight"], x["one"]))
+    for key in sorted(k for k in r if k.startswith("6w_")):
+        x = r[key]
+        w = key.split("_")[1]
+        add("6w", f"{x['readers']} parallel Q4_K .npy readers (aggregate) vs one reader, `--workers {w}`",
+            f"{x['n']:,.0f} MB/s", f"{x['one']:,.0f} MB/s", _ratio(x["n"], x["one"]),
+            "≥ 1.5" if w != "0" and int(w) == x["readers"] else "")
     for label in ("", "_nothreads"):
         if f"6_raw_beside_conversion{label}" in r:
             x = r[f"6_raw_beside_conversion{label}"]
@@ -858,6 +940,15 @@ def table(r: dict) -> list[tuple]:
         add("8", f"daemon RssAnon after reading all {x['read_gib']:.1f} GiB of views, --cache-size {cache} "
             f"(at mount: {x['rss_before_mib']:.0f} MiB)", f"{x['rss_after_mib']:.0f} MiB", cache,
             _ratio(x["rss_after_mib"] * MiB, _size_bytes(cache)))
+    for key in (k for k in r if k.startswith("8_rss_")):
+        x = r[key]
+        if "total_mib" not in x:
+            continue
+        cache = key.split("_")[-1]
+        add("8w", f"daemon + {x['workers']} workers: RssAnon + shared arena after the same reads, "
+            f"--cache-size {cache} (workers {x['worker_anon_mib']:.0f} MiB, arena "
+            f"{x['arena_mib']:.0f} MiB)", f"{x['total_mib']:.0f} MiB", cache,
+            _ratio(x["total_mib"] * MiB, _size_bytes(cache)))
     return rows
 
 
@@ -948,7 +1039,7 @@ def plot(b: Bench, path: str) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="raw,converted,mount,parallel,tree,rss",
+    p.add_argument("--rows", default="raw,converted,mount,parallel,workers,tree,rss",
                    help="comma-separated subset of: " + ",".join(ROWS))
     p.add_argument("--quick", action="store_true", help="small sizes, one repeat (a smoke run)")
     p.add_argument("--repeat", type=int, default=3)

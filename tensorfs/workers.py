@@ -79,7 +79,7 @@ def default_size() -> int:
 
 
 class _Worker:
-    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "started")
+    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready", "started")
 
     def __init__(self, index: int, proc: subprocess.Popen, sock: socket.socket, pidfd: int):
         self.index = index
@@ -87,6 +87,7 @@ class _Worker:
         self.sock = sock
         self.pidfd = pidfd
         self.dead = False
+        self.ready = False      # said so once its imports were done
         self.started = time.monotonic()
 
 
@@ -106,11 +107,16 @@ class WorkerPool:
         # after it are converted at the same time (benchmark row 4).
         self.read_ahead_chunks = self.size + 1
         self.running = False
+        # Workers that finished starting (imported numpy and the kernels) and are not known
+        # dead.  Until one is, chunks are converted in the daemon's threads: a fresh mount's
+        # first reads do not wait for interpreters to start (~0.1 s each, more when loaded).
+        self.ready_workers = 0
         self._closed = False
         self._workers: list[_Worker | None] = []
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._slots_lock = threading.Lock()
         self._free: list[int] = []
+        self._specs: dict[tuple, bytes] = {}    # Conversion.spec -> its bytes in a task
         self._poisoned: set[int] = set()      # slots a worker that would not die may write
         self._stop_lock = threading.Lock()
         self._keeper: threading.Thread | None = None
@@ -162,7 +168,7 @@ class WorkerPool:
     def _stop(self, w: _Worker) -> None:
         """End one worker: end of file on its socket, then SIGKILL if it lingers; reaped.
         Once only: its descriptor numbers may belong to something else afterwards."""
-        w.dead = True
+        self._mark_dead(w)
         with self._stop_lock:
             if w.pidfd < 0:
                 return
@@ -177,6 +183,13 @@ class WorkerPool:
             w.proc.kill()
             w.proc.wait()
         os.close(pidfd)
+
+    def _mark_dead(self, w: _Worker) -> None:
+        with self._stop_lock:
+            if not w.dead:
+                w.dead = True
+                if w.ready:
+                    self.ready_workers -= 1
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers if w is not None and not w.dead]
@@ -214,15 +227,19 @@ class WorkerPool:
                     log.error("could not start conversion worker %d: %s", i, error)
                     continue
                 self._workers[i] = new
-                self._idle.put(new)
             watched = {w.pidfd: w for w in self._workers if w is not None and not w.dead}
+            starting = {w.sock.fileno(): w for w in self._workers
+                        if w is not None and not w.dead and not w.ready}
             pending = any(w is None for w in self._workers)
             try:
-                ready, _, _ = select.select([self._wake_r, *watched], [], [],
+                ready, _, _ = select.select([self._wake_r, *watched, *starting], [], [],
                                             RESPAWN_PAUSE_S if pending else None)
             except OSError:
                 continue
             for fd in ready:
+                if fd in starting:
+                    self._hello(starting[fd])
+                    continue
                 if fd == self._wake_r:
                     try:
                         while os.read(self._wake_r, 512):
@@ -235,7 +252,23 @@ class WorkerPool:
                     w.proc.poll()
                     log.error("conversion worker %d (pid %d) died (exit status %s); starting "
                               "another", w.index, w.proc.pid, w.proc.returncode)
-                w.dead = True
+                self._mark_dead(w)
+
+    def _hello(self, w: _Worker) -> None:
+        """A starting worker's first message: its imports are done, it takes tasks now."""
+        try:
+            hello = w.sock.recv(64)
+        except OSError:
+            hello = b""
+        if hello != b"ready":
+            self._mark_dead(w)    # died while starting: its pidfd says so too
+            return
+        w.ready = True
+        self.ready_workers += 1
+        self._idle.put(w)
+        if self.ready_workers == self.size:
+            log.info("%d conversion workers ready (pids %s)", self.size,
+                     " ".join(str(p) for p in self.pids()))
 
     def _wake(self) -> None:
         try:
@@ -288,8 +321,11 @@ class WorkerPool:
         try:
             in_offset = w.index * IN_SLOT_BYTES
             fill_input(memoryview(self.arena)[in_offset:in_offset + in_bytes])
+            spec = self._specs.get(conversion.spec)
+            if spec is None:
+                spec = self._specs[conversion.spec] = json.dumps(conversion.spec).encode()
             task = _TASK.pack(in_offset, in_bytes, self._in_bytes + slot * CHUNK_OUTPUT_BYTES,
-                              out_bytes) + json.dumps(conversion.spec).encode()
+                              out_bytes) + spec
             try:
                 w.sock.send(task)
                 answer = w.sock.recv(4096)
@@ -315,7 +351,7 @@ class WorkerPool:
                 raise WorkerError(f"conversion worker {w.index}: {answer.decode(errors='replace')}")
         finally:
             if lost:
-                w.dead = True
+                self._mark_dead(w)
                 self._wake()
             else:
                 self._idle.put(w)
@@ -331,7 +367,7 @@ class WorkerPool:
             except queue.Empty:
                 break
             if w.dead or w.proc.poll() is not None:    # died while idle: the keeper replaces it
-                w.dead = True
+                self._mark_dead(w)
                 self._wake()
                 continue
             return w
@@ -373,6 +409,7 @@ def worker_main(argv: list[str]) -> int:
     from tensorfs.convert import conversion_from_spec
 
     conversions: dict[bytes, object] = {}
+    sock.send(b"ready")
     while True:
         try:
             task = sock.recv(4096)

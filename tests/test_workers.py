@@ -133,6 +133,7 @@ def test_a_worker_killed_during_a_read_gives_eio_then_the_mount_recovers(model, 
     file = mnt / (expected[name].path + ".npy")
     want = npy_bytes(expected[name].values)
     workers = _wait_workers(pid, 2)
+    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
     for w in workers:                       # stopped: a task sent to one stays in its socket
         os.kill(w, signal.SIGSTOP)
     result = {}
@@ -164,6 +165,7 @@ def test_a_worker_killed_during_a_read_gives_eio_then_the_mount_recovers(model, 
     # replaced, and reads work again
     new = _wait_workers(pid, 2, exclude=workers)
     assert len(new) == 2
+    assert wait_for(lambda: log.read_text().count("2 conversion workers ready") == 2, 30)
     with open(file, "rb") as f:
         assert os.pread(f.fileno(), size, offset) == want[offset:offset + size]
         assert f.read() == want
