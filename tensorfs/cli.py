@@ -177,6 +177,20 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
     return directory, parse_size(size)
 
 
+def _storage_option_values(argv: list[str]) -> list[str]:
+    """The VALUE texts of --storage-option KEY=VALUE as given on the command line."""
+    out = []
+    for i, arg in enumerate(argv):
+        raw = None
+        if arg == "--storage-option" and i + 1 < len(argv):
+            raw = argv[i + 1]
+        elif arg.startswith("--storage-option="):
+            raw = arg.split("=", 1)[1]
+        if raw is not None and "=" in raw:
+            out.append(raw.split("=", 1)[1])
+    return out
+
+
 def _storage_options(args) -> dict:
     return dict(getattr(args, "storage_options", None) or [])
 
@@ -192,8 +206,10 @@ def _remote_settings(args, cache):
         return None
     if not args.timeout > 0:
         raise UsageError("--timeout must be more than 0 seconds")
-    from tensorfs.remote import RemoteSettings
+    from tensorfs.remote import RemoteSettings, hide_from_cmdline, url_secrets
 
+    # what `ps` and /proc/PID/cmdline show of this process and of the daemon it forks
+    hide_from_cmdline(url_secrets(args.model) + _storage_option_values(sys.argv))
     return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
                           cache=cache, disk_cache=getattr(args, "disk_cache", None))
 
