@@ -20,6 +20,8 @@ from tensorfs.views import CHUNK_OUTPUT_BYTES
 from tests import gguf_corpus, safetensors_corpus
 from tests.conftest import run_tensorfs
 
+from reliability_models import wait_for
+
 from quant_blocks import oracle, random_blocks
 
 WRITER_TYPES = ["BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
@@ -80,8 +82,12 @@ def converted_mount(tmp_path_factory, request):
     for model in ("writer.gguf", "hand.gguf"):
         mnt = base / ("mnt-" + model)
         mnt.mkdir()
-        result = run_tensorfs("mount", base / model, mnt, "--workers", request.param)
+        log = base / f"{model}.log"
+        result = run_tensorfs("mount", base / model, mnt, "--workers", request.param,
+                              "--log", log)
         assert result.returncode == 0, result.stderr
+        if request.param != "0":          # until then, chunks are converted in-thread
+            assert wait_for(lambda: "conversion workers ready" in log.read_text(), 60)
         mounts[model] = mnt
     yield mounts, expected
     for mnt in mounts.values():

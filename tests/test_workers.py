@@ -67,10 +67,12 @@ def _wait_workers(pid: int, n: int, exclude=()) -> list[int]:
     return [w for w in _workers_of(pid) if w not in exclude]
 
 
-def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount):
+def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount, tmp_path):
     path, expected = model
-    mnt = mount(path, "--workers", "2", "--cache-size", "1M")
+    log = tmp_path / "daemon.log"
+    mnt = mount(path, "--workers", "2", "--cache-size", "1M", "--log", str(log))
     pid = daemon_pid(mnt)
+    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
     wants = {name: npy_bytes(expected[name].values) for name in CONVERTED}
 
     def reader(i: int) -> None:
@@ -93,9 +95,15 @@ def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount):
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(reader, range(8)))
     assert len(_workers_of(pid)) == 2
+    assert _rss_shmem_kib(pid) >= 1024       # the chunks were in the shared arena
     for name in CONVERTED:
         assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
                               expected[name].values.view(np.uint32))
+
+
+def _rss_shmem_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:"))
 
 
 def _pidfd_getfd(pid: int, fd: int) -> int | None:
