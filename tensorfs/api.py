@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Iterator
 
 import numpy as np
@@ -100,7 +101,7 @@ class OpenModel:
         self.model = model
         self.metadata: Mapping = _Metadata(model.metadata)
         self.metadata_types = {key: value.type_name for key, value in model.metadata.items()}
-        self.tensors: Mapping[str, TensorInfo] = {t.name: t for t in model.tensors}
+        self.tensors: Mapping[str, TensorInfo] = MappingProxyType({t.name: t for t in model.tensors})
         # The sources load_model parsed from (what was validated is what is read); a model
         # built by hand has none, and its files are opened here.
         self._sources: dict | None = dict(model.sources) or {
