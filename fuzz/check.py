@@ -278,6 +278,102 @@ def check_both(data: bytes, **kwargs) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
+# Name shapes: what a mount builds from names, against a bound linear in the file.
+# ---------------------------------------------------------------------------------------
+
+# Everything a mount and ``inspect`` build from the names (both layouts' paths, metadata.json
+# written out, the whole tree walked with every file's size and xattrs, the inspect report),
+# per byte of the file.  The worst shape is a name of dots: each byte is a directory (a
+# node, its entry, its expansion), ~300 bytes of Python objects.  Quadratic costs break the
+# bound at once: one name of 20,000 dots kept every parent path, ~20,000 bytes per byte.
+NAME_BYTES_PER_INPUT_BYTE = 1024
+
+
+def names_file(names) -> bytes:
+    """A safetensors file with one F32 [1] tensor per name, in order."""
+    header = {name: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+              for i, name in enumerate(names)}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + bytes(4 * len(names))
+
+
+def check_names(names, *, seconds: float | None = 4 * TIME_LIMIT_S) -> dict:
+    """Mount-side work for ``names`` within ``NAME_BYTES_PER_INPUT_BYTE`` per byte of the
+    file (+ ``PARSE_FIXED_BYTES``) and the time limit; raises ``Violation``.  Returns
+    ``{"size": file bytes, "peak": bytes, "per_byte": peak / size}``."""
+    import io
+    import os
+    import tempfile
+
+    from tensorfs.cache import ByteLRU
+    from tensorfs.inspect import write_report
+    from tensorfs.loader import load_model
+    from tensorfs.metadata_json import metadata_json_pieces
+    from tensorfs.mounttree import build_mount, describe
+    from tensorfs.namespace import DirNode
+
+    data = names_file(names)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "names.safetensors")
+        with open(path, "wb") as f:
+            f.write(data)
+        peak = _Peak()
+
+        def run():
+            with peak:
+                model = load_model(path)
+                try:
+                    for layout in ("tree", "flat"):
+                        paths, plans = describe(model, layout)
+                        text = b"".join(metadata_json_pieces(model, paths, plans))
+                        doc = json.loads(text, parse_constant=_refuse_constant)
+                        if len(doc["tensors"]) != len(set(names)):
+                            raise Violation("metadata.json lost a tensor")
+                        del paths, plans, text, doc
+                        mounted = build_mount(model, ByteLRU(1 << 20), layout)
+                        _walk_tree(mounted.tree.root, DirNode)
+                        del mounted
+                    write_report(model, io.StringIO() if len(data) < 1 << 16 else _Sink())
+                finally:
+                    model.close()
+
+        if seconds is None:
+            run()
+        else:
+            with time_limit(seconds):
+                run()
+    if peak.bytes > NAME_BYTES_PER_INPUT_BYTE * len(data) + PARSE_FIXED_BYTES:
+        raise Violation(f"names: a {len(data)}-byte file cost {peak.bytes} bytes to mount and "
+                        f"walk ({peak.bytes / len(data):.0f} per byte)")
+    return {"size": len(data), "peak": peak.bytes, "per_byte": peak.bytes / len(data)}
+
+
+def _refuse_constant(token):
+    raise Violation(f"metadata.json holds {token}, which is not JSON")
+
+
+class _Sink:
+    def write(self, text):
+        return len(text)
+
+
+def _walk_tree(root, dir_type) -> None:
+    """Every directory expanded and every file's size and xattrs asked for, as ``find``
+    and ``getfattr -R`` would (iteratively: the tree is as deep as a name has dots)."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in node.children.values():
+            if isinstance(child, dir_type):
+                stack.append(child)
+            else:
+                child.view.size
+                for name in child.xattrs:
+                    child.xattrs[name]
+
+
+# ---------------------------------------------------------------------------------------
 # Seeds: the valid files of the test suite.
 # ---------------------------------------------------------------------------------------
 

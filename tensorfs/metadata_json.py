@@ -132,10 +132,48 @@ def metadata_json_bytes(doc) -> bytes:
 
 # -- the writer -----------------------------------------------------------------------------
 
+_encode_str = json.encoder.encode_basestring          # C speed; what json.dumps calls
+_CONSTANTS = {True: "true", False: "false", None: "null"}
+
+
 def _scalar(value) -> str:
-    if isinstance(value, float) and not math.isfinite(value):
+    kind = type(value)
+    if kind is str:
+        return _encode_str(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float:
+        if math.isfinite(value):
+            return float.__repr__(value)
         return '"nan"' if math.isnan(value) else ('"inf"' if value > 0 else '"-inf"')
-    return json.dumps(value, ensure_ascii=False)
+    if value is True or value is False or value is None:
+        return _CONSTANTS[value]
+    return _fix_nonfinite(json.dumps(value, ensure_ascii=False))
+
+
+def _is_scalar(value) -> bool:
+    return type(value) in _SCALAR_TYPES
+
+
+def _flat_text(value: dict, level: int) -> str | None:
+    """A dict whose values are scalars or lists of scalars (a tensor's entry) as one
+    string, exactly as the general walk writes it; None for any other dict."""
+    inner = "\n" + "  " * level
+    deeper = inner + "  "
+    parts = []
+    for key, item in value.items():
+        if type(item) in _SCALAR_TYPES:
+            text = _scalar(item)
+        elif type(item) is list and level + 1 <= MAX_INDENTED_LEVEL and \
+                all(type(x) in _SCALAR_TYPES for x in item):
+            text = "[" + deeper + ("," + deeper).join(map(_scalar, item)) + inner + "]" \
+                if item else "[]"
+        else:
+            return None
+        parts.append(_encode_str(str(key)) + ": " + text)
+    if not parts:
+        return "{}"
+    return "{" + inner + ("," + inner).join(parts) + "\n" + "  " * (level - 1) + "}"
 
 
 def _compact(value, ensure_ascii: bool = False) -> str:
@@ -203,15 +241,23 @@ def _walk(value, level: int):
         if level > MAX_INDENTED_LEVEL:
             yield _compact(dict(items) if isinstance(value, _LazyObject) else value)
             return
+        if type(value) is dict:
+            text = _flat_text(value, level)
+            if text is not None:
+                yield text
+                return
         inner = "\n" + "  " * level
         first = True
         for key, item in items:
-            yield ("{" if first else ",") + inner + json.dumps(str(key), ensure_ascii=False) + ": "
+            yield ("{" if first else ",") + inner + _encode_str(str(key)) + ": "
             first = False
-            if isinstance(item, (dict, list, tuple, _LazyObject)):
-                yield _walk(item, level + 1)
-            else:
+            if type(item) in _SCALAR_TYPES:
                 yield _scalar(item)
+            elif type(item) is dict and level + 1 <= MAX_INDENTED_LEVEL and \
+                    (text := _flat_text(item, level + 1)) is not None:
+                yield text
+            else:
+                yield _walk(item, level + 1)
         yield "{}" if first else "\n" + "  " * (level - 1) + "}"
     elif isinstance(value, (list, tuple)):
         if level > MAX_INDENTED_LEVEL:

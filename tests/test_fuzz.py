@@ -179,6 +179,52 @@ def test_regression_inputs(path, tmp_path):
         assert all(t.offset + t.nbytes <= model.file_size for t in model.tensors)
 
 
+# -- name shapes: memory linear in the file, whatever the names look like --------------------
+
+_PIECES = ["", "a", "%", "/", "\n", "\x7f", "metadata", "headers", "header.bin", "npy",
+           "\u00e9", "\U0001F600", "x" * 250]
+
+
+@st.composite
+def name_shapes(draw):
+    """Names of the shapes that cost the most per byte: deep (a component per dot), wide
+    (many names in one directory), long components (hashed), many escapes (3 bytes per
+    character), reserved first components, each name a prefix of the next (rule 5)."""
+    shape = draw(st.sampled_from(["deep", "wide", "long", "escapes", "reserved", "chain",
+                                  "mixed"]))
+    n = draw(st.integers(1, 3000))
+    piece = draw(st.sampled_from(_PIECES))
+    if shape == "deep":
+        return [".".join([piece] * n), "w"]
+    if shape == "wide":
+        return [f"{piece}{i}" for i in range(min(n, 1500))]
+    if shape == "long":
+        return [(piece or "y") * n, ".".join([piece or "z"] * 3) * (1 + n // 100)]
+    if shape == "escapes":
+        return [".".join(["\n%/\x01" * 3] * (n // 4 + 1))]
+    if shape == "reserved":
+        return [f"{r}.{piece}{i}" for i in range(min(n, 300))
+                for r in ("metadata", "headers", "header", "metadata.json")]
+    if shape == "chain":
+        return [".".join([piece or "a"] * k) for k in range(1, min(n, 150) + 1)]
+    return draw(st.lists(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=60)
+                         .map(".".join), min_size=1, max_size=40, unique=True))
+
+
+@fuzz_settings(25)
+@given(names=name_shapes())
+def test_name_shapes_cost_memory_linear_in_the_file(names):
+    """Paths in both layouts, metadata.json, the whole tree walked with sizes and xattrs, the
+    inspect report: at most NAME_BYTES_PER_INPUT_BYTE per byte of the file (issue 14: one
+    name of 40,000 dots cost 1.6 GB, ~40,000 bytes per byte)."""
+    fz.check_names(list(dict.fromkeys(names)))
+
+
+def test_the_review_case_a_name_of_40000_dots():
+    result = fz.check_names(["." * 40_000, "w"], seconds=None)
+    assert result["per_byte"] < fz.NAME_BYTES_PER_INPUT_BYTE
+
+
 # -- the harness catches what it is there to catch ----------------------------------------
 
 def test_harness_catches_a_hang(monkeypatch):
@@ -213,6 +259,26 @@ def test_harness_catches_a_foreign_exception(monkeypatch):
     monkeypatch.setitem(fz.PARSERS, "safetensors", (broken,) + fz.PARSERS["safetensors"][1:])
     with pytest.raises(fz.Violation, match="struct.error|error escaped"):
         fz.check(ST_SEEDS[0], "safetensors")
+
+
+def test_harness_catches_names_that_cost_memory_quadratic_in_their_depth(monkeypatch):
+    """The old rule-5 walk, which kept every parent path of every name, is caught."""
+    from tensorfs import namespace
+
+    real = namespace._continued
+
+    def every_parent_kept(names):
+        parents = set()
+        for name in names:
+            parent = name.rpartition(".")[0]
+            while parent and parent not in parents:
+                parents.add(parent)
+                parent = parent.rpartition(".")[0]
+        return real(names)
+
+    monkeypatch.setattr(namespace, "_continued", every_parent_kept)
+    with pytest.raises(fz.Violation, match="per byte"):
+        fz.check_names(["." * 4000, "w"], seconds=None)
 
 
 # -- the atheris entry point -----------------------------------------------------------------
