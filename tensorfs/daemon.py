@@ -19,10 +19,13 @@ pid, tensor count, state) and the default log ``NAME.log``, removed after a clea
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import select
+import signal
+import stat
 import threading
 import time
 
@@ -85,7 +88,10 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
         name = os.path.basename(runtime.default_log_file(mountpoint))
         try:
             fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+                         | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):     # a FIFO would block a writer
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
         except OSError as error:
             raise DaemonError(f"{os.path.join(rundir, name)}: cannot open the log: "
                               f"{error.strerror}") from None
@@ -93,7 +99,10 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
             os.close(dir_fd)
         return os.path.join(rundir, name), fd, True
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_NOCTTY: the daemon leads its session, and a terminal it opened would become its
+        # controlling terminal
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_CLOEXEC,
+                     0o600)
     except OSError as error:
         raise DaemonError(f"--log {path}: {error.strerror}") from None
     return os.path.abspath(path), fd, False
@@ -388,6 +397,12 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
     try:
         os.setsid()
         os.chdir("/")                  # not the caller's directory: it stays unmountable
+        # nor its signal state: started under nohup, or from a shell that runs background
+        # jobs with SIGINT ignored, the daemon would not stop on SIGTERM/SIGINT/SIGHUP
+        # (libfuse installs its handlers only where the default is in place)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
         for fd in inherited - {ready_w, err_w, log_fd}:
             try:
                 os.close(fd)

@@ -659,3 +659,29 @@ def test_mount_the_way_mount_fuse3_runs_it(tmp_path):
         assert run_tensorfs("unmount", mnt).returncode == 0
     refused = subprocess.run([tensorfs, model, mnt, "-o", "subtype=x"], capture_output=True, text=True)
     assert _one_line(refused, code=2).startswith("tensorfs: error: -o subtype=x")
+
+
+def test_the_daemon_does_not_keep_the_callers_ignored_or_blocked_signals(tmp_path):
+    """Started the way nohup or a non-interactive shell's ``&`` start it (SIGHUP, SIGINT,
+    SIGTERM ignored, some blocked), the daemon still stops cleanly on SIGTERM."""
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+
+    def like_nohup():
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+    result = subprocess.run([*TENSORFS, "mount", model, mnt], capture_output=True, text=True,
+                            timeout=120, preexec_fn=like_nohup)
+    assert result.returncode == 0, result.stderr
+    pid = _daemon_pid(mnt)
+    os.kill(pid, signal.SIGTERM)
+    if not wait_for(lambda: not alive(pid), 20):
+        os.kill(pid, signal.SIGKILL)
+        subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+        pytest.fail("the daemon ignored SIGTERM")
+    assert wait_for(lambda: not fuse_mounts_under(mnt), 10)
+    assert _runtime_files(mnt) == []
