@@ -10,10 +10,7 @@ import sys
 
 import pytest
 
-from tests.remote.remote_checks import needs_remote
 from tests.remote.test_remote_mount import url_of
-
-pytestmark = needs_remote
 
 CHECK = r"""
 import sys
