@@ -226,3 +226,26 @@ def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
         assert result.returncode == 2
         assert result.stderr.startswith("tensorfs: error: ") and "--workers" in result.stderr
         assert result.stderr.count("\n") == 1
+
+
+def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_path, mount):
+    path = tmp_path / "mixed.gguf"
+    expected = write_mixed_gguf(path, seed=7)
+    log = tmp_path / "daemon.log"
+    mnt = mount(path, "--workers", "2", "--log", str(log))
+    pid = daemon_pid(mnt)
+    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
+    workers = _workers_of(pid)
+    q4k = expected["d.q4_k.weight"]
+    os.truncate(path, q4k.offset + 1000)           # inside the Q4_K tensor
+    for name in CONVERTED:
+        fd = os.open(mnt / (expected[name].path + ".npy"), os.O_RDONLY | os.O_DIRECT)
+        try:
+            with pytest.raises(OSError) as error:
+                os.pread(fd, 1 << 20, 0)
+            assert error.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+    text = log.read_text()
+    assert "truncated" in text and "Traceback" not in text and "died" not in text
+    assert sorted(_workers_of(pid)) == sorted(workers)      # the read failed, not a worker
