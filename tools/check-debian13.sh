@@ -25,8 +25,15 @@ git clone -q "$repo" "$root/root/tensorfs"
 shared=${SHARED:-$repo/../shared}
 if [ -d "$shared" ]; then cp -r "$shared" "$root/root/shared"; chmod -R a-w "$root/root/shared"; fi
 
+# A machine whose HTTPS goes through a proxy with its own CA names it in PIP_CERT: the
+# chroot's pip gets the same bundle (pip otherwise trusts only its own certifi).
+pip_cert=
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+  cp "$PIP_CERT" "$root/etc/check-debian13-ca.crt"; pip_cert=/etc/check-debian13-ca.crt
+fi
+
 unshare --mount --propagation private bash -euo pipefail -c '
-  root=$1
+  root=$1 pip_cert=$2
   mount --rbind /dev "$root/dev"
   mount -t proc proc "$root/proc"
   mount -t sysfs sysfs "$root/sys"
@@ -34,7 +41,8 @@ unshare --mount --propagation private bash -euo pipefail -c '
   mount -t tmpfs tmpfs "$root/tmp"
   exec chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    ${pip_cert:+PIP_CERT=$pip_cert} \
     bash -euo pipefail -c "cd /root/tensorfs && . /etc/os-release && echo \"== \$PRETTY_NAME\" \
       && echo \"== make demo\" && make demo && echo \"== make test\" && make test"
-' check-debian13 "$root"
+' check-debian13 "$root" "$pip_cert"
 echo "check-debian13: make demo and make test passed on Debian 13"
