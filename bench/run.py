@@ -74,17 +74,31 @@ class Bench:
         return path
 
     @contextmanager
-    def mount(self, model: str, *extra: str, cache_size: str | None = None):
-        """A real ``tensorfs mount``; yields (mountpoint, daemon pid, seconds until ready)."""
+    def mount(self, model: str, *extra: str, cache_size: str | None = None,
+              workers_ready: bool = False):
+        """A real ``tensorfs mount``; yields (mountpoint, daemon pid, seconds until ready).
+        ``workers_ready``: also wait until its conversion workers have started (the daemon
+        converts in its own threads until then), for figures of the steady state."""
         mnt = self._fresh_dir("t")
         cmd = [*self.tensorfs, "mount", model, mnt, *self.mount_opts, *extra]
         if cache_size:
             cmd += ["--cache-size", cache_size]
+        log = mnt + ".log"
+        if workers_ready:
+            cmd += ["--log", log]
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env=self.env, cwd=self.work, capture_output=True, text=True)
         ready = time.perf_counter() - t0
         if done.returncode != 0:
             raise RuntimeError(f"mount failed: {' '.join(cmd)}: {done.stderr.strip()}")
+        last = len(cmd) - 1 - cmd[::-1].index("--workers") if "--workers" in cmd else None
+        if workers_ready and (last is None or cmd[last + 1] != "0"):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with open(log, errors="replace") as f:
+                    if "conversion workers ready" in f.read():
+                        break
+                time.sleep(0.01)
         try:
             yield mnt, self._daemon_pid(mnt), ready
         finally:
@@ -92,6 +106,8 @@ class Bench:
             if _mounted(mnt):
                 subprocess.run(["fusermount", "-uz", mnt], capture_output=True)
             os.rmdir(mnt)
+            if workers_ready and os.path.exists(log):
+                os.unlink(log)
 
     def _daemon_pid(self, mnt: str) -> int | None:
         from tensorfs.runtime import pid_file
@@ -513,7 +529,7 @@ def row_converted(b: Bench) -> None:
     bf16_raw = []
     for _ in range(a.repeat):
         pread_range(model, 0, os.path.getsize(model))                   # source in page cache
-        with b.mount(model) as (mnt, _, _):
+        with b.mount(model, workers_ready=True) as (mnt, _, _):
             for q in CONV_TYPES:
                 path = os.path.join(mnt, f"conv/{q}/weight.npy")
                 t0 = time.perf_counter()
@@ -532,7 +548,7 @@ def row_converted(b: Bench) -> None:
         with b.mount(model) as (mnt, _, _):                                # same kind of read
             bf16_npy = read_file(os.path.join(mnt, "conv/BF16/weight.npy"))
             ours.setdefault("BF16_read", []).append(bf16_npy)
-        with b.mount(model) as (mnt, _, _):         # the daemon alone: no page cache between
+        with b.mount(model, workers_ready=True) as (mnt, _, _):   # the daemon alone: no page cache
             for q in CONV_TYPES:
                 path = os.path.join(mnt, f"conv/{q}/weight.npy")
                 ours.setdefault(f"{q}_direct", []).append(read_file(path, flags=os.O_DIRECT))
@@ -654,15 +670,31 @@ def row_workers(b: Bench) -> None:
     files = [f"par/{i}/weight.npy" for i in range(max(cores, 1))]
     for w in range(0, cores + 1):
         runs = {"one": [], "n": []}
+        cpu = []
         for _ in range(a.repeat):
-            with b.mount(cmodel, "--workers", str(w)) as (mnt, _, _):
+            with b.mount(cmodel, "--workers", str(w), workers_ready=True) as (mnt, _, _):
                 runs["one"].append(read_file(os.path.join(mnt, files[0])))
-            with b.mount(cmodel, "--workers", str(w)) as (mnt, _, _):
+            with b.mount(cmodel, "--workers", str(w), workers_ready=True) as (mnt, pid, _):
+                procs = [pid] + worker_pids(pid)
+                before = sum(cpu_seconds(p) for p in procs)
                 runs["n"].append(parallel(read_file, [os.path.join(mnt, f) for f in files]))
+                # CPU seconds of the daemon and its workers per GiB served: what the two
+                # CPUs are spent on (the readers' own kernel time is not in it)
+                cpu.append((sum(cpu_seconds(p) for p in procs) - before) / (runs["n"][-1][0] / (1 << 30)))
         best = {k: min(v, key=lambda r: r[1]) for k, v in runs.items()}
         b.record(f"6w_{w}", one=mbps(*best["one"]), n=mbps(*best["n"]), readers=cores,
                  one_spread=max(r[1] for r in runs["one"]) / best["one"][1],
-                 n_spread=max(r[1] for r in runs["n"]) / best["n"][1])
+                 n_spread=max(r[1] for r in runs["n"]) / best["n"][1],
+                 cpu_s_per_gib=min(cpu))
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _mirror_tree(src_mnt: str, dst: str, paths_file: str) -> int:
@@ -904,7 +936,8 @@ def table(r: dict) -> list[tuple]:
     for key in sorted(k for k in r if k.startswith("6w_")):
         x = r[key]
         w = key.split("_")[1]
-        add("6w", f"{x['readers']} parallel Q4_K .npy readers (aggregate) vs one reader, `--workers {w}`",
+        add("6w", f"{x['readers']} parallel Q4_K .npy readers (aggregate) vs one reader, `--workers {w}` "
+            f"(daemon + workers CPU: {x.get('cpu_s_per_gib', float('nan')):.2f} s/GiB)",
             f"{x['n']:,.0f} MB/s", f"{x['one']:,.0f} MB/s", _ratio(x["n"], x["one"]),
             "≥ 1.5" if w != "0" and int(w) == x["readers"] else "")
     for label in ("", "_nothreads"):
