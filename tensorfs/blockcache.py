@@ -10,8 +10,8 @@ block cache for tensors adds to a plain LRU of blocks:
 - **a small tensor whole**: a read inside a tensor of at most ``SMALL_TENSOR`` bytes fetches
   every block of that tensor, in one request, the first time (an ``.npy`` reader then finds
   the rest there);
-- **growing read-ahead**: a reader whose reads follow each other (its next read starts in
-  the block where its last one ended, or the next) gets the blocks after it fetched ahead,
+- **growing read-ahead**: a reader whose reads follow each other (its next read starts where
+  its last one ended) gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
   once (what a long round trip needs: docs/remote.md);
 - blocks kept in memory in the mount's one LRU (``--cache-size``), and with a ``DiskCache``
@@ -77,7 +77,7 @@ class BlockReader:
         self.n_blocks = (size + block_size - 1) // block_size
         self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
-        self._streams: OrderedDict[int, int] = OrderedDict()    # next block -> window
+        self._streams: OrderedDict[int, int] = OrderedDict()    # where a read ended -> window
         self._starts: list[int] = []    # tensor extents, sorted by start
         self._ends: list[int] = []
         self.requests = 0               # how many fetches were made (tests, bench)
@@ -106,7 +106,7 @@ class BlockReader:
             n = min(len(data) - start, size - pos)
             out[pos:pos + n] = memoryview(data)[start:start + n]
             pos += n
-        self._read_ahead(first, last, offset + size)
+        self._read_ahead(offset, offset + size, last)
         return pos
 
     def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
@@ -205,25 +205,23 @@ class BlockReader:
         return min(self.block, self.size - index * self.block)
 
     # -- read-ahead ------------------------------------------------------------------------
-    def _read_ahead(self, first: int, last: int, end: int) -> None:
-        """A read that starts in the block where an earlier one ended (or the next) continues
-        that reader's stream: its window doubles and that many blocks after it are fetched,
-        never past the end of the tensor being read (each file of a mount is one tensor: what
-        lies beyond is another file)."""
+    def _read_ahead(self, offset: int, end: int, last: int) -> None:
+        """A read that starts where an earlier one ended continues that reader's stream: its
+        window doubles and that many blocks after it are fetched, never past the end of the
+        tensor being read (each file of a mount is one tensor: what lies beyond is another
+        file).  Exact offsets, not blocks: readers of one block at once are not a stream."""
         i = bisect.bisect_right(self._starts, end - 1) - 1
         if i < 0 or end > self._ends[i]:
             return                      # not inside a tensor (a header): no read-ahead
         limit = (self._ends[i] - 1) // self.block
         with self._lock:
-            window = self._streams.pop(first, None)
+            window = self._streams.pop(offset, None)
             if window is not None:
                 window = min(self._max_ahead(), max(1, 2 * window))
             else:
                 window = 0              # a new reader: read-ahead from its second read on
-            for key in (last, last + 1):
-                self._streams[key] = window
-                self._streams.move_to_end(key)
-            while len(self._streams) > 2 * STREAMS:
+            self._streams[end] = window
+            while len(self._streams) > STREAMS:
                 self._streams.popitem(last=False)
             if not window or self.closed:
                 return

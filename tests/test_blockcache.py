@@ -1,0 +1,234 @@
+"""The block cache of remote files (tensorfs.blockcache, docs/remote.md), against a real nginx
+on 127.0.0.1 (tests/servers.py): the requests it makes are read from nginx's access log, the
+bytes it returns compared with the file's.  One request per block however many readers want
+it, adjacent missing blocks in one request, a small tensor whole, read-ahead that stays in
+the tensor, and the disk cache: bounded, private, reused by a later mount of the same
+version and never by another version."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.servers import Nginx, parse_range
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("fsspec") is None
+                                or importlib.util.find_spec("aiohttp") is None,
+                                reason="the remote extra is not installed")
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("blockcache")
+    rng = np.random.default_rng(7)
+    tensors = {
+        "big": rng.standard_normal(10 * MiB).astype(np.float32),      # 40 MiB: 10 blocks
+        "mid": rng.standard_normal(3 * MiB // 2).astype(np.float32),   # 6 MiB: fetched whole
+        "tiny": np.arange(5, dtype=np.float32),
+    }
+    local = base / "m.safetensors"
+    save_file(tensors, str(local))
+    nginx = Nginx(base / "srv").start()
+    nginx.put("files/m.safetensors", local)
+    yield nginx, local
+    nginx.stop()
+
+
+def _open(nginx, tmp_path, **settings):
+    from tensorfs.cache import ByteLRU
+    from tensorfs.loader import load_model
+    from tensorfs.remote import RemoteSettings
+
+    settings.setdefault("cache", ByteLRU(256 * MiB))
+    model = load_model(f"{nginx.url}/files/m.safetensors", RemoteSettings(**settings))
+    source = next(iter(model.sources.values()))
+    return model, source, {t.name: t for t in model.tensors}
+
+
+def _gets(nginx, mark) -> list[tuple[int, int]]:
+    return [parse_range(r["range"]) for r in nginx.wait_quiet(mark, quiet=0.2)
+            if r["method"] == "GET"]
+
+
+def test_concurrent_readers_of_one_block_make_one_request(server, tmp_path):
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    try:
+        big = tensors["big"]
+        at = big.offset + 5 * MiB + 123                 # inside the big tensor's 2nd block
+        mark = nginx.log_mark()
+        barrier = threading.Barrier(16)
+        got, errors = [], []
+
+        def reader(i):
+            try:
+                barrier.wait()
+                got.append(source.read(at + 64 * i, 4096))
+            except Exception as error:       # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert sorted(got) == sorted(data[at + 64 * i:at + 64 * i + 4096] for i in range(16))
+        block = at // (4 * MiB)
+        assert _gets(nginx, mark) == [(block * 4 * MiB, (block + 1) * 4 * MiB - 1)]
+    finally:
+        model.close()
+
+
+def test_a_read_of_several_missing_blocks_is_one_request(server, tmp_path):
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    try:
+        big = tensors["big"]
+        start = (big.offset // (4 * MiB) + 2) * 4 * MiB + 10
+        mark = nginx.log_mark()
+        assert source.read(start, 9 * MiB) == local.read_bytes()[start:start + 9 * MiB]
+        first = start // (4 * MiB)
+        last = (start + 9 * MiB - 1) // (4 * MiB)
+        assert _gets(nginx, mark) == [(first * 4 * MiB, (last + 1) * 4 * MiB - 1)]
+    finally:
+        model.close()
+
+
+def test_a_small_tensor_is_fetched_whole_at_its_first_read(server, tmp_path):
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    try:
+        mid = tensors["mid"]
+        mark = nginx.log_mark()
+        assert source.read(mid.offset + mid.nbytes // 2, 16) == \
+            local.read_bytes()[mid.offset + mid.nbytes // 2:][:16]
+        (a, b), = _gets(nginx, mark)
+        assert a <= mid.offset and b >= mid.offset + mid.nbytes - 1
+        assert b - a + 1 <= mid.nbytes + 8 * MiB           # its blocks, not the file
+        mark = nginx.log_mark()
+        whole = source.read(mid.offset, mid.nbytes)           # then: no request at all
+        assert whole == local.read_bytes()[mid.offset:mid.offset + mid.nbytes]
+        assert _gets(nginx, mark) == []
+    finally:
+        model.close()
+
+
+def test_a_sequential_reader_gets_read_ahead_within_its_tensor(server, tmp_path):
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    try:
+        big = tensors["big"]
+        mark = nginx.log_mark()
+        for pos in range(big.offset, big.offset + big.nbytes, MiB):
+            n = min(MiB, big.offset + big.nbytes - pos)
+            assert source.read(pos, n) == data[pos:pos + n]
+        gets = _gets(nginx, mark)
+        covered = sorted(gets)
+        # every byte once: no block fetched twice, none past the tensor's last block
+        for (a, b), (c, _) in zip(covered, covered[1:]):
+            assert b < c, covered
+        last_block_end = ((big.offset + big.nbytes - 1) // (4 * MiB) + 1) * 4 * MiB - 1
+        assert covered[-1][1] <= min(last_block_end, len(data) - 1)
+        # read-ahead ran: more requests than the reads that found their block missing
+        # would make alone, several of them one block each, fetched in parallel
+        assert source.blocks.requests == len(gets) >= 3
+    finally:
+        model.close()
+
+
+def test_the_disk_cache_is_reused_by_a_later_mount_of_the_same_version(server, tmp_path):
+    nginx, local = server
+    disk = tmp_path / "cache"
+    big_range = None
+    model, source, tensors = _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
+    try:
+        big = tensors["big"]
+        big_range = (big.offset + 3 * MiB, 6 * MiB)
+        assert source.read(*big_range) == local.read_bytes()[big_range[0]:sum(big_range)]
+    finally:
+        model.close()
+    assert oct(disk.stat().st_mode & 0o777) == "0o700"
+    files = [p for p in disk.rglob("*") if p.is_file()]
+    assert files and all(p.stat().st_mode & 0o077 == 0 for p in files)
+
+    mark = nginx.log_mark()
+    model, source, _ = _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
+    try:
+        assert source.read(*big_range) == local.read_bytes()[big_range[0]:sum(big_range)]
+        gets = _gets(nginx, mark)
+        assert gets == [(0, 64 * 1024 - 1)]           # the header's probe only
+    finally:
+        model.close()
+
+
+def test_another_version_does_not_see_the_disk_cache(server, tmp_path):
+    nginx, local = server
+    disk = tmp_path / "cache"
+    model, source, tensors = _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
+    big = tensors["big"]
+    try:
+        source.read(big.offset, 4096)
+    finally:
+        model.close()
+    # the same name, other bytes: a new ETag
+    other = bytearray(local.read_bytes())
+    other[big.offset:big.offset + 4] = b"\x00\x00\x80\x7f"
+    nginx.put("files/m.safetensors", bytes(other))
+    os.utime(nginx.www / "files/m.safetensors", (1, 1))
+    try:
+        model, source, _ = _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
+        try:
+            assert source.read(big.offset, 4) == b"\x00\x00\x80\x7f"
+        finally:
+            model.close()
+    finally:
+        nginx.put("files/m.safetensors", local)
+
+
+def test_the_disk_cache_stays_within_its_size(server, tmp_path):
+    nginx, local = server
+    disk = tmp_path / "cache"
+    model, source, tensors = _open(nginx, tmp_path, disk_cache=(str(disk), 9 * MiB))
+    try:
+        big = tensors["big"]
+        for k in range(5):
+            source.read(big.offset + k * 8 * MiB, 16)
+    finally:
+        model.close()
+    held = sum(p.stat().st_size for p in disk.rglob("*") if p.is_file())
+    assert 0 < held <= 9 * MiB
+
+
+@pytest.mark.parametrize("problem", ["others_write", "symlink_elsewhere", "another_owner"])
+def test_a_disk_cache_others_control_is_refused(server, tmp_path, problem):
+    from tensorfs.errors import ModelError
+
+    nginx, _ = server
+    disk = tmp_path / "cache"
+    if problem == "others_write":
+        disk.mkdir(mode=0o700)
+        disk.chmod(0o777)
+    elif problem == "symlink_elsewhere":
+        target = tmp_path / "shared"
+        target.mkdir()
+        target.chmod(0o777)
+        disk.symlink_to(target)
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory to another user")
+        disk.mkdir(mode=0o700)
+        os.chown(disk, 65534, 65534)
+    with pytest.raises(ModelError) as refused:
+        _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
+    assert str(disk) in str(refused.value)
