@@ -17,6 +17,11 @@ from tensorfs.model import Model, ModelFile
 # parses, their total cost dominated by the last.
 FIRST_PREFIX_BYTES = 64 << 10
 GROWTH = 4
+# The most of a file read as its header, checked before reading.  safetensors caps its own
+# at 100 MB (MAX_HEADER_SIZE); GGUF has no cap, and a sparse file can make a string or a
+# count of terabytes "fit" (an 8 GiB string in a sparse file was read whole, MemoryError).
+# The largest real GGUF headers (256k-token vocabularies with merges) are tens of MB.
+MAX_HEADER_READ = 256 << 20
 
 
 def parse_source(source) -> ModelFile:
@@ -48,7 +53,11 @@ def parse_source(source) -> ModelFile:
                 if len(prefix) >= file_size:     # a parser bug: it must not ask for more than the file
                     raise ModelError("truncated", "header runs past the end of the file",
                                      offset=file_size, file=path) from None
-                want = min(file_size, max(more.needed, GROWTH * len(prefix)))
+                if more.needed > MAX_HEADER_READ:
+                    raise ModelError("header_size", f"the header needs more than "
+                                     f"{MAX_HEADER_READ} bytes ({more.needed} at least), "
+                                     f"the most tensorfs reads as a header", file=path)
+                want = min(file_size, MAX_HEADER_READ, max(more.needed, GROWTH * len(prefix)))
                 prefix = source.read(0, want)
     except ModelError as error:
         if error.file is None:

@@ -111,15 +111,18 @@ MAX_FILE_SIZE = 2**63 - 1
 MAX_VIEW_GROWTH = 64
 
 
-def check_sizes(model: Model) -> None:
+def check_sizes(model: Model, npy: bool = True) -> None:
     """Every size the kernel will be told fits in ``st_size``, or ``ModelError``: one line,
-    at mount.  Raw files, header.bin and headers/ are parts of a file, whose size the
-    kernel already told in an off_t; only the .npy views can be larger than their file,
-    and they are checked one by one only in a file so large that one could be (so a
-    100k-tensor model pays nothing)."""
+    at mount.  Raw files, header.bin and headers/ are parts of a file: its size must fit
+    (a local one's came from fstat, so it does; a remote one's is what a server said).
+    Only the .npy views can be larger than their file, and they are checked one by one
+    only in a file so large that one could be (so a 100k-tensor model pays nothing)."""
     by_type: dict[tuple, ViewPlan] = {}
     for f in model.files:
-        if f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
+        if f.file_size > MAX_FILE_SIZE:
+            raise ModelError("file_size", f"the file is {f.file_size} bytes, more than a file "
+                             f"can have (2**63 - 1 bytes)", file=f.path)
+        if not npy or f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
             continue
         for t in f.tensors:
             key = (t.dtype, t.ggml_type, t.byte_order)
@@ -155,8 +158,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
-    if serve_npy:
-        check_sizes(model)
+    check_sizes(model, npy=serve_npy)
     pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.

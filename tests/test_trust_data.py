@@ -433,3 +433,31 @@ def test_a_fifo_as_an_index_in_a_directory_does_not_block(tmp_path):
     os.mkfifo(directory / INDEX)
     result = run_tensorfs("inspect", directory, timeout=60)
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("claim", ["string", "array"])
+def test_a_sparse_gguf_claiming_a_huge_header_is_refused_before_it_is_read(tmp_path, claim):
+    """A string (or an array) of gigabytes that a sparse file's size allows: it was read
+    whole (MemoryError, or the machine's memory).  The header read is capped
+    (tensorfs.loader.MAX_HEADER_READ), checked before reading."""
+    import struct
+
+    from tensorfs.loader import MAX_HEADER_READ
+
+    model = tmp_path / "sparse.gguf"
+    head = b"GGUF" + struct.pack("<I", 3)
+    if claim == "string":
+        head += struct.pack("<QQ", 0, 1) + struct.pack("<Q", 1) + b"k" + \
+            struct.pack("<IQ", 8, 8 << 30)
+    else:
+        head += struct.pack("<QQ", 0, 1) + struct.pack("<Q", 1) + b"a" + \
+            struct.pack("<IIQ", 9, 6, 1 << 31)                 # 2**31 float32
+    model.write_bytes(head)
+    os.truncate(model, 9 << 30)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_tensorfs("mount", model, mnt)
+    line = _one_error_line(result)
+    assert f"more than {MAX_HEADER_READ} bytes" in line, line
+    assert fuse_mounts_under(tmp_path) == []
+    assert _refused_peak_kib("inspect", model) < (MAX_HEADER_READ >> 10) * 3 // 2 + 150 * 1024
