@@ -685,3 +685,38 @@ def test_the_daemon_does_not_keep_the_callers_ignored_or_blocked_signals(tmp_pat
         pytest.fail("the daemon ignored SIGTERM")
     assert wait_for(lambda: not fuse_mounts_under(mnt), 10)
     assert _runtime_files(mnt) == []
+
+
+def test_control_characters_in_a_tensor_name_or_key_never_reach_the_terminal(tmp_path):
+    """A refused tensor (its name in the error line) and a metadata key with ESC/BEL; the
+    mount of a valid model with such names logs nothing raw either, even with --debug."""
+    import struct
+
+    evil = "w\x1b]0;owned\x07\x1b[2J"
+    header = json.dumps({evil: {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]},
+                         "__metadata__": {evil: evil}}).encode()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args in (["inspect", bad], ["mount", bad, empty], ["--debug", "mount", bad, empty]):
+        result = run_tensorfs(*args)
+        assert result.returncode == 1
+        assert not any(c in result.stderr for c in "\x1b\x07"), repr(result.stderr)
+
+    from safetensors.numpy import save_file
+
+    good = tmp_path / "good.safetensors"
+    save_file({evil: np.arange(4, dtype=np.float32)}, str(good), metadata={evil: evil})
+    inspected = run_tensorfs("inspect", good)
+    assert inspected.returncode == 0 and not any(c in inspected.stdout for c in "\x1b\x07")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "debug.log"
+    assert run_tensorfs("mount", good, mnt, "--debug", "--log", log).returncode == 0
+    try:
+        subprocess.run(["find", str(mnt)], capture_output=True, check=True)
+        (mnt / "no-such-file").exists()
+    finally:
+        assert run_tensorfs("unmount", mnt).returncode == 0
+    assert not any(c in log.read_text() for c in "\x1b\x07")
