@@ -161,12 +161,19 @@ def _status_bytes(status: dict) -> bytes:
 
 
 def read_status(mountpoint: str) -> dict | None:
-    data = runtime.read_file(runtime.status_file(mountpoint))
-    try:
-        status = json.loads(data) if data else None
-    except ValueError:
-        return None
-    return status if isinstance(status, dict) else None
+    """The status file of ``mountpoint``'s live daemon, in whichever runtime directory it
+    is (tensorfs.runtime.known_dirs), else any found."""
+    found = []
+    for path in runtime.find_files(mountpoint, ".json"):
+        try:
+            status = json.loads(runtime.read_file(path) or b"null")
+        except ValueError:
+            continue
+        if isinstance(status, dict):
+            if isinstance(status.get("pid"), int) and running(status["pid"]):
+                return status
+            found.append(status)
+    return found[0] if found else None
 
 
 # -- the pid file: the daemon's pid, one line.  A daemon killed with SIGKILL leaves it behind,
@@ -205,8 +212,13 @@ def _read_pid(path: str, check: bool = True) -> int | None:
 
 
 def daemon_pid(mountpoint: str) -> int | None:
-    """The pid of the live daemon serving ``mountpoint`` (a resolved path), or None."""
-    return _read_pid(runtime.pid_file(mountpoint))
+    """The pid of the live daemon serving ``mountpoint`` (a resolved path), or None.  Its
+    pid file may be in another of the user's runtime directories than the current one."""
+    for path in runtime.find_files(mountpoint, ".pid"):
+        pid = _read_pid(path)
+        if pid is not None:
+            return pid
+    return None
 
 
 def running(pid: int) -> bool:
@@ -230,7 +242,7 @@ def wait_exit(pid: int) -> None:
 
 def forget(mountpoint: str) -> None:
     """Remove the runtime files of a mount whose daemon died (SIGKILL) without doing so."""
-    for path in (runtime.pid_file(mountpoint), runtime.status_file(mountpoint)):
+    for path in runtime.find_files(mountpoint, ".pid") + runtime.find_files(mountpoint, ".json"):
         _remove(path)
 
 

@@ -72,6 +72,29 @@ def runtime_dir() -> str:
     return _private_dir(f"/tmp/tensorfs-{uid}", uid)
 
 
+def known_dirs() -> list[str]:
+    """Every safe runtime directory this user's mounts may have used, the current choice
+    first: a mount from fstab ran without the shell's XDG_RUNTIME_DIR.  Nothing is created."""
+    uid = os.geteuid()
+    candidates = []
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and os.path.isabs(base):
+        candidates.append((base, os.path.join(base, "tensorfs")))
+    if uid == 0:
+        candidates.append((None, "/run/tensorfs"))
+    candidates.append((None, f"/tmp/tensorfs-{uid}"))
+    found = []
+    for parent, path in candidates:
+        try:
+            if parent is not None and _unsafe(os.lstat(parent), uid) is not None:
+                continue
+            if _unsafe(os.lstat(path), uid) is None:
+                found.append(path)
+        except OSError:
+            continue
+    return found
+
+
 def open_runtime_dir() -> tuple[str, int]:
     """(path, descriptor) of the runtime directory, checked again through the descriptor:
     what is opened is what was checked, whatever happens to the path afterwards."""
@@ -135,6 +158,13 @@ def pid_file(mountpoint: str) -> str:
 
 def status_file(mountpoint: str) -> str:
     return os.path.join(runtime_dir(), _stem(mountpoint) + ".json")
+
+
+def find_files(mountpoint: str, suffix: str) -> list[str]:
+    """``mountpoint``'s runtime file with ``suffix`` (".pid", ".json") in every known
+    runtime directory where there is one."""
+    name = _stem(mountpoint) + suffix
+    return [os.path.join(d, name) for d in known_dirs() if os.path.lexists(os.path.join(d, name))]
 
 
 def default_log_file(mountpoint: str) -> str:

@@ -720,3 +720,25 @@ def test_control_characters_in_a_tensor_name_or_key_never_reach_the_terminal(tmp
     finally:
         assert run_tensorfs("unmount", mnt).returncode == 0
     assert not any(c in log.read_text() for c in "\x1b\x07")
+
+
+def test_a_mount_made_without_xdg_runtime_dir_is_listed_and_unmounted_from_a_shell_with_it(tmp_path):
+    """fstab mounts run without the login shell's XDG_RUNTIME_DIR: their files are in
+    /run/tensorfs (root) or /tmp/tensorfs-UID, and list / unmount look there too."""
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    bare = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    result = subprocess.run([*TENSORFS, "mount", model, mnt], capture_output=True, text=True,
+                            env=bare, timeout=120)
+    assert result.returncode == 0, result.stderr
+    elsewhere = "/run/tensorfs" if IS_ROOT else f"/tmp/tensorfs-{os.geteuid()}"
+    from tensorfs.runtime import _stem
+    pid_file = Path(elsewhere) / f"{_stem(str(mnt))}.pid"
+    pid = int(pid_file.read_text())
+    row = next(r for r in _list() if r["mountpoint"] == str(mnt))     # the suite's XDG dir
+    assert (row["pid"], row["state"], row["source"]) == (pid, "serving", str(model))
+    assert run_tensorfs("unmount", mnt).returncode == 0
+    assert not alive(pid)                       # unmount found the daemon and waited for it
+    assert not pid_file.exists()
