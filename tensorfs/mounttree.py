@@ -35,7 +35,7 @@ class MountedModel:
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
         if self.pool is not None:
-            self.pool.start(needed=lambda: _has_costly_conversions(self.model))
+            self.pool.start()
 
     def close(self) -> None:
         if self.pool is not None:
@@ -86,19 +86,6 @@ def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths]
             plan = by_type[key] = plan_view(t)
         plans[t.name] = plan
     return paths, plans
-
-
-def _has_costly_conversions(model: Model) -> bool:
-    """Whether any tensor is converted by a costly kernel (the worker pool's work)."""
-    seen = set()
-    for t in model.tensors:
-        key = (t.dtype, t.ggml_type, t.byte_order)
-        if key not in seen:
-            seen.add(key)
-            conversion = plan_view(t).conversion
-            if conversion is not None and conversion.costly:
-                return True
-    return False
 
 
 # The largest size ``stat`` can tell: st_size is a signed 64-bit off_t (the kernel's

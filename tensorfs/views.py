@@ -434,7 +434,9 @@ class ConvertedView:
         first = index * blocks_per_chunk
         count = min(blocks_per_chunk, self.size // self.block_out - first)
         pool = self.pool
-        if pool is not None and pool.running and pool.ready_workers > 0:
+        if pool is not None and pool.running and pool.ready_workers == 0:
+            pool.want()                   # started on first use; in-thread until ready
+        elif pool is not None and pool.running:
             slot = pool.take_slot()
             if slot is not None:          # else: every slot is held; convert here instead
                 chunk = _ArenaChunk(pool, slot, count * self.block_out)

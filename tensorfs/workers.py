@@ -125,12 +125,13 @@ class WorkerPool:
         self.arena: mmap.mmap | None = None
         self._arena_fd = -1
         self._wake_r = self._wake_w = -1
-        self._needed = None
+        self._wanted = threading.Event()
 
     # -- life -----------------------------------------------------------------------------
-    def start(self, needed=None) -> None:
-        """Map the arena and start the workers.  ``needed()`` (called on the keeper thread)
-        says whether the model has anything for them to do; when it says no, none starts."""
+    def start(self) -> None:
+        """Map the arena and start the keeper thread, which starts the workers when the
+        first costly conversion asks for them (``want``): a mount that is never read that
+        way (most are only listed, or hold no quantized tensor) starts no interpreter."""
         if self.size == 0 or self.running:
             return
         self._in_bytes = self.size * IN_SLOT_BYTES
@@ -143,7 +144,6 @@ class WorkerPool:
         self._free = list(range(self.out_slots - 1, -1, -1))
         self._workers = [None] * self.size
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._needed = needed
         self.running = True
         # Workers are started, watched and replaced by this one thread: PR_SET_PDEATHSIG
         # fires when the *thread* that started a child ends, so it must be one that lives
@@ -151,10 +151,17 @@ class WorkerPool:
         self._keeper = threading.Thread(target=self._keep, name="tensorfs-workers", daemon=True)
         self._keeper.start()
 
+    def want(self) -> None:
+        """A costly conversion is asked for: start the workers if they are not started.
+        (Until they are ready, chunks are converted in the daemon's threads.)"""
+        if not self._wanted.is_set():
+            self._wanted.set()
+
     def close(self) -> None:
         if not self.running or self._closed:
             return
         self._closed = True
+        self._wanted.set()
         self._wake()
         if self._keeper is not None:
             self._keeper.join(timeout=5)
@@ -196,13 +203,7 @@ class WorkerPool:
 
     # -- the keeper thread: start, watch, replace ------------------------------------------
     def _keep(self) -> None:
-        try:
-            if self._needed is not None and not self._needed():
-                log.info("no costly conversions in this model: no conversion workers started")
-                self.running = False          # views convert in-thread, if ever
-                return
-        except Exception:
-            log.exception("could not tell which conversions the model needs")
+        self._wanted.wait()
         try:
             self._keep_loop()
         except BaseException:
@@ -316,6 +317,7 @@ class WorkerPool:
         worker converts.  Raises what ``fill_input`` raises, or ``WorkerError``."""
         if in_bytes > IN_SLOT_BYTES or out_bytes > CHUNK_OUTPUT_BYTES:
             raise ValueError("a chunk larger than an arena slot")
+        self.want()
         w = self._checkout()
         lost = False
         try:

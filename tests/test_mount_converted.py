@@ -86,7 +86,10 @@ def converted_mount(tmp_path_factory, request):
         result = run_tensorfs("mount", base / model, mnt, "--workers", request.param,
                               "--log", log)
         assert result.returncode == 0, result.stderr
-        if request.param != "0":          # until then, chunks are converted in-thread
+        if request.param != "0":          # workers start on the first costly conversion,
+            first = {"writer.gguf": "blk/0/q8_0", "hand.gguf": "hand/q8_1"}[model]
+            with open(mnt / first / "weight.npy", "rb") as f:                  # in-thread
+                f.read(4096)              # until they are ready
             assert wait_for(lambda: "conversion workers ready" in log.read_text(), 60)
         mounts[model] = mnt
     yield mounts, expected

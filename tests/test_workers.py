@@ -72,7 +72,7 @@ def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount, 
     log = tmp_path / "daemon.log"
     mnt = mount(path, "--workers", "2", "--cache-size", "1M", "--log", str(log))
     pid = daemon_pid(mnt)
-    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
+    _start_workers(mnt, expected, log)
     wants = {name: npy_bytes(expected[name].values) for name in CONVERTED}
 
     def reader(i: int) -> None:
@@ -104,6 +104,14 @@ def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount, 
 def _rss_shmem_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("RssShmem:"))
+
+
+def _start_workers(mnt, expected, log) -> None:
+    """Workers start on the first costly conversion: ask for one, wait until they are ready.
+    (The chunks asked for now are converted in-thread and cached: not the Q4_K ones.)"""
+    with open(mnt / (expected["b.q8_0.weight"].path + ".npy"), "rb") as f:
+        f.read(4096)
+    assert wait_for(lambda: "conversion workers ready" in log.read_text(), 30)
 
 
 def _pidfd_getfd(pid: int, fd: int) -> int | None:
@@ -140,8 +148,8 @@ def test_a_worker_killed_during_a_read_gives_eio_then_the_mount_recovers(model, 
     name = "d.q4_k.weight"
     file = mnt / (expected[name].path + ".npy")
     want = npy_bytes(expected[name].values)
+    _start_workers(mnt, expected, log)
     workers = _wait_workers(pid, 2)
-    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
     for w in workers:                       # stopped: a task sent to one stays in its socket
         os.kill(w, signal.SIGSTOP)
     result = {}
@@ -203,7 +211,7 @@ def test_no_worker_outlives_its_mount(model, mount, how):
         [w for w in workers if _running(w)]
 
 
-def test_workers_0_and_models_without_costly_types_start_no_worker(model, mount, tmp_path):
+def test_no_worker_starts_without_a_costly_conversion_to_do(model, mount, tmp_path):
     path, expected = model
     mnt = mount(path, "--workers", "0")
     name = "d.q4_k.weight"
@@ -211,11 +219,18 @@ def test_workers_0_and_models_without_costly_types_start_no_worker(model, mount,
                           expected[name].values.view(np.uint32))
     assert _workers_of(daemon_pid(mnt)) == []
 
-    st_path = tmp_path / "bf16.safetensors"          # BF16 only: a cheap conversion
+    # BF16 is a cheap conversion (in the daemon, straight into the reply): no worker starts
+    st_path = tmp_path / "bf16.safetensors"
     st_path.write_bytes(safetensors_corpus.one("BF16", (4,), 0, 8, data=bytes(8)))
     mnt2 = mount(st_path, "--workers", "2")
+    assert np.array_equal(np.load(mnt2 / "t.npy"), np.zeros(4, np.float32))
     time.sleep(0.5)
     assert _workers_of(daemon_pid(mnt2)) == []
+    # nor does a mount of quantized tensors that is only listed
+    mnt3 = mount(path, "--workers", "2")
+    assert sorted(os.listdir(mnt3 / "d" / "q4_k")) == ["weight", "weight.npy"]
+    time.sleep(0.5)
+    assert _workers_of(daemon_pid(mnt3)) == []
 
 
 def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
@@ -234,7 +249,7 @@ def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_pa
     log = tmp_path / "daemon.log"
     mnt = mount(path, "--workers", "2", "--log", str(log))
     pid = daemon_pid(mnt)
-    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
+    _start_workers(mnt, expected, log)
     workers = _workers_of(pid)
     q4k = expected["d.q4_k.weight"]
     os.truncate(path, q4k.offset + 1000)           # inside the Q4_K tensor
