@@ -134,12 +134,14 @@ def _reach_python() -> str:
 def users():
     made = []
     try:
-        for name in ("tfs-victim", "tfs-attacker"):
-            if subprocess.run(["id", name], capture_output=True).returncode != 0:
-                subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True,
-                               capture_output=True)
-                made.append(name)
-        yield User("tfs-victim"), User("tfs-attacker")
+        # names of this session's own: two test sessions at once must not share (or delete)
+        # each other's users, nor their /tmp/tensorfs-UID
+        names = (f"tfs-victim-{os.getpid()}", f"tfs-attacker-{os.getpid()}")
+        for name in names:
+            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True,
+                           capture_output=True)
+            made.append(name)
+        yield User(names[0]), User(names[1])
     finally:
         for name in made:
             subprocess.run(["userdel", name], capture_output=True)
