@@ -394,7 +394,7 @@ def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> None:
     log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
              len(mounted.model.tensors))
     try:
-        mounted.start()
+        mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
               options=options, on_ready=on_ready)
     except FuseUnavailable as error:

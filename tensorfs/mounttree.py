@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,12 +30,17 @@ class MountedModel:
     cache: ByteLRU
     pool: WorkerPool | None = None
 
-    def start(self) -> None:
+    def start(self, mountpoint: str | None = None) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
-        run in the serving process (worker processes) starts here, not at build time."""
+        run in the serving process (worker processes) starts here, not at build time.
+        ``mountpoint`` (resolved): watched while remote sources serve it (below)."""
         for source in self.sources.values():
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
+        aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
+        if mountpoint and aborts:
+            threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
+                             name="tensorfs-unmount-watch", daemon=True).start()
         if self.pool is not None:
             self.pool.start()
 
@@ -42,6 +49,33 @@ class MountedModel:
             self.pool.close()
         for source in self.sources.values():
             source.close()
+
+
+UNMOUNT_POLL_S = 0.5            # how often a mount with remote sources checks it is still mounted
+
+
+def _abort_when_detached(mountpoint: str, aborts) -> None:
+    """A lazy unmount (``unmount --lazy``, ``fusermount -uz``) while a remote request hangs:
+    the reader waiting for it keeps the mount's connection open, so the daemon would be told
+    nothing until the request times out.  Once the mount point is gone from the mount table,
+    every remote request still waiting is ended (EIO): the reader lets go, the kernel ends
+    the session, the daemon exits."""
+    from tensorfs.runtime import mount_device
+
+    seen = False
+    started = time.monotonic()
+    while True:
+        mounted = mount_device(mountpoint) is not None      # no stat of our own mount
+        if mounted:
+            seen = True
+        elif seen:
+            for abort in aborts:
+                abort()
+            return
+        # until the mount shows up, look often: a mount undone right after it was made
+        # must not go unseen
+        fast = not seen and time.monotonic() - started < 60
+        time.sleep(0.01 if fast else UNMOUNT_POLL_S)
 
 
 class TensorXattrs(Mapping):

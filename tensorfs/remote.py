@@ -23,6 +23,7 @@ import posixpath
 import threading
 import time
 import types
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -162,10 +163,31 @@ class Transport:
         self.settings = settings
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self._inflight: set = set()
+        self.closing = False
         self._connect()
 
     def _connect(self) -> None:
         raise NotImplementedError
+
+    def abort(self) -> None:
+        """End every request in flight and refuse new ones (the mount is going away)."""
+        with self._lock:
+            self.closing = True
+            futures = list(self._inflight)
+        for future in futures:
+            future.cancel()
+
+    def _track(self, future):
+        with self._lock:
+            if self.closing:
+                future.cancel()
+            self._inflight.add(future)
+        return future
+
+    def _untrack(self, future) -> None:
+        with self._lock:
+            self._inflight.discard(future)
 
     def reopen(self) -> None:
         with self._lock:
@@ -354,6 +376,7 @@ class HttpTransport(FsspecTransport):
         except RuntimeError as error:       # the loop is gone (after close)
             coro.close()
             raise FetchError("unreachable", str(error)) from None
+        self._track(future)
         try:
             return future.result(timeout + 1)
         except FetchError:
@@ -361,6 +384,8 @@ class HttpTransport(FsspecTransport):
         except (asyncio.TimeoutError, TimeoutError):
             future.cancel()
             raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
+        except CancelledError:
+            raise FetchError("closing", "the mount is closing") from None
         except Exception as error:
             import aiohttp
 
@@ -369,6 +394,8 @@ class HttpTransport(FsspecTransport):
             if isinstance(error, (aiohttp.ClientError, ConnectionError, OSError)):
                 raise _connection_error(error) from None
             raise
+        finally:
+            self._untrack(future)
 
     def probe(self, path, deadline):
         from email.utils import parsedate_to_datetime
@@ -576,12 +603,14 @@ class S3Transport(FsspecTransport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(self._get(path, start, end),
-                                                                   timeout), self.fs.loop)
+        future = self._track(asyncio.run_coroutine_threadsafe(
+            asyncio.wait_for(self._get(path, start, end), timeout), self.fs.loop))
         try:
             data = future.result(timeout + 1)
         except FetchError:
             raise
+        except CancelledError:
+            raise FetchError("closing", "the mount is closing") from None
         except (asyncio.TimeoutError, TimeoutError):
             future.cancel()
             raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
@@ -595,6 +624,8 @@ class S3Transport(FsspecTransport):
                 raise FetchError("version", "the object changed since it was mounted "
                                  "(PreconditionFailed)") from None
             raise FetchError("http", text or type(error).__name__, transient=True) from None
+        finally:
+            self._untrack(future)
         if len(data) != end - start:
             raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
                              transient=True)
@@ -818,6 +849,8 @@ class RemoteSource:
         429) with doubling pauses, at most ``MAX_TRIES`` times and never past ``deadline``."""
         pause = FIRST_BACKOFF_S
         for tries in range(1, MAX_TRIES + 1):
+            if self.transport.closing:
+                raise FetchError("closing", "the mount is closing")
             left = min(deadline - time.monotonic(), self.timeout)
             if left <= 0:
                 raise FetchError("timeout", f"no answer within {self.timeout:g} s")
@@ -833,6 +866,11 @@ class RemoteSource:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+    def abort(self) -> None:
+        """End this file's waiting reads and requests now (EIO): the mount is detached."""
+        self.blocks.close()
+        self.transport.abort()
 
     def close(self) -> None:
         self.blocks.close()
