@@ -744,3 +744,29 @@ def test_a_mount_made_without_xdg_runtime_dir_is_listed_and_unmounted_from_a_she
     assert run_tensorfs("unmount", mnt).returncode == 0
     assert not alive(pid)                       # unmount found the daemon and waited for it
     assert not pid_file.exists()
+
+
+def test_a_caller_reading_the_commands_output_through_pipes_sees_their_end(tmp_path):
+    """`tensorfs mount … 2>&1 | cat` and a pipe handed down on descriptor 3+: once mount
+    returns, no daemon holds a writing end, so the reader sees end-of-file."""
+    import select
+
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        proc = subprocess.Popen([*TENSORFS, "mount", model, mnt], stdout=out_w, stderr=out_w,
+                                pass_fds=(w,), stdin=subprocess.DEVNULL)
+        os.close(w)
+        os.close(out_w)
+        assert proc.wait(timeout=120) == 0
+        for fd in (r, out_r):
+            readable, _, _ = select.select([fd], [], [], 20)
+            assert readable and os.read(fd, 100) == b"", "a daemon kept the caller's pipe open"
+    finally:
+        os.close(r)
+        os.close(out_r)
+        assert run_tensorfs("unmount", mnt).returncode == 0
