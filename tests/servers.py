@@ -723,11 +723,26 @@ def _parse_response(head: bytes) -> tuple[int, dict]:
     return status, _headers([l for l in lines[1:] if l])
 
 
-if __name__ == "__main__":           # a manual look: python tests/servers.py DIR
-    base = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tensorfs-servers")
-    server = Nginx(base).start()
-    print(server.url, "serving", server.www, "- Ctrl-C stops it")
+def _main(argv: list[str]) -> None:
+    """python tests/servers.py nginx DIR | proxy UPSTREAM_PORT [RTT_S [WINDOW_BYTES]]: one
+    server in the foreground, its URL on the first line of stdout, until SIGTERM or Ctrl-C
+    (bench/bench_remote.py runs the proxy this way, out of the benchmark's own process)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if argv[0] == "nginx":
+        server = Nginx(Path(argv[1] if len(argv) > 1 else "/tmp/tensorfs-servers")).start()
+        print(server.url, "serving", server.www, flush=True)
+    else:
+        rtt = float(argv[2]) if len(argv) > 2 else 0.0
+        window = int(argv[3]) if len(argv) > 3 else 4 << 20
+        server = Proxy(int(argv[1]), rtt=rtt, window=window).start()
+        print(server.url, flush=True)
     try:
-        server.proc.wait()
+        stop.wait()
     except KeyboardInterrupt:
-        server.stop()
+        pass
+    server.stop()
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:] or ["nginx"])

@@ -16,13 +16,12 @@ import pytest
 
 from tests.conftest import run_tensorfs
 from tests.remote.remote_checks import (
-    KNOWN_READ_AHEAD, KNOWN_VERSION_KEY, MiB, assert_matches_reference,
+    MiB, assert_matches_reference,
     assert_mount_fetched_headers_only, assert_same_tree, doc_of, header_size,
     without_remote_keys)
 from tests.servers import parse_range
 
-KEYS = [pytest.param("safetensors", marks=KNOWN_VERSION_KEY), pytest.param("mixed", marks=KNOWN_VERSION_KEY),
-        "sharded", "split"]
+KEYS = ["safetensors", "mixed", "sharded", "split"]
 
 
 def url_of(transport: str, nginx, key: str, name: str) -> str:
@@ -55,15 +54,15 @@ def test_a_remote_model_reads_as_the_reference_readers_and_the_local_mount(
     assert_same_tree(rmnt, mount(model.local))
     doc = doc_of(rmnt)
     assert doc["source"] == url
-    if "shards" in doc:
-        versions = [s["version"] for s in doc["shards"]]
-        assert all(versions), doc["shards"]
-        if transport == "hf":
-            assert versions == [nginx.hub[key].main] * len(versions)
+    # the version pinned at mount: each shard's, or the one file's (docs/remote.md)
+    versions = [s["version"] for s in doc["shards"]] if "shards" in doc else [doc["source_version"]]
+    assert all(versions), doc
+    if transport == "hf":
+        assert versions == [nginx.hub[key].main] * len(versions)        # the commit
 
 
 @pytest.mark.parametrize("form", ["hf://tfs/sharded@main", "hf://tfs/split@COMMIT",
-                                  pytest.param("hf://tfs/safetensors", marks=KNOWN_VERSION_KEY),
+                                  "hf://tfs/safetensors",
                                   "s3://models/sharded/", "s3://models/split"])
 def test_a_repo_or_prefix_mounts_as_its_directory(form, nginx, s3, corpus, rmount, mount):
     key = form.split("/")[3].split("@")[0]
@@ -103,7 +102,6 @@ def test_a_tensor_of_several_blocks_reads_back_at_every_offset(nginx, corpus, rm
     assert_matches_reference(rmnt, model.files)
 
 
-@KNOWN_READ_AHEAD
 def test_mount_fetches_the_header_and_a_read_fetches_its_tensor(nginx, corpus, rmount):
     """Mount: ≤ header + 1 MiB.  numpy.load of one small tensor: its bytes and nothing far
     from them (at most one 4 MiB block beyond, docs/remote.md)."""
@@ -126,7 +124,6 @@ def test_mount_fetches_the_header_and_a_read_fetches_its_tensor(nginx, corpus, r
     assert lo <= entry["offset"] and hi >= entry["offset"] + entry["nbytes"] - 1
 
 
-@KNOWN_VERSION_KEY
 @pytest.mark.parametrize("transport", ["http", "hf", "s3"])
 def test_inspect_of_a_url_says_what_inspect_of_the_local_file_says(transport, nginx, s3, corpus,
                                                                    remote_env):

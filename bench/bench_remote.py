@@ -1,0 +1,290 @@
+"""Remote models (issue 15): each figure a ratio against a reference measured in the same run,
+against a real nginx on 127.0.0.1 started here (tests/servers.py).
+
+    python bench/bench_remote.py [--big-mib 256] [--repeat 3] [--rtt-ms 20] [--no-report]
+
+R1  sequential read of a --big-mib tensor through an http mount (fresh mount each time) vs
+    `curl` of the same byte range from the same nginx                         goal >= 0.8
+R2  the same through a proxy adding --rtt-ms of round-trip time, whose window (--window-mib
+    in flight per connection, as TCP's) bounds one stream to window/RTT, vs `curl`'s single
+    stream through the same proxy                                             goal >= 2
+R3  `tensorfs mount` of the remote GGUF with a 150k-token vocabulary and 3,000 tensors until
+    ready vs gguf.GGUFReader on the local file                                goal <= 0.2
+R4  a second mount with --disk-cache reading the whole model again: bytes fetched again
+    (nginx's access log)                                                      goal 0
+
+Writes its table into docs/benchmarks.md between the remote markers (and prints it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from tests.servers import Nginx, parse_range  # noqa: E402
+
+MiB = 1 << 20
+BEGIN, END = "<!-- remote:begin (bench/bench_remote.py rewrites this part) -->", "<!-- remote:end -->"
+
+
+class RemoteBench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.workdir).resolve()
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_DISABLE_TELEMETRY="1")
+        self.tensorfs = [sys.executable, "-m", "tensorfs"]
+        self.rows: list[tuple] = []
+        self.n = 0
+
+    @contextmanager
+    def mount(self, url: str, *options: str):
+        self.n += 1
+        mnt = self.work / f"mnt{self.n}"
+        mnt.mkdir(exist_ok=True)
+        t0 = time.perf_counter()
+        done = subprocess.run([*self.tensorfs, "mount", url, str(mnt), *options], env=self.env,
+                              capture_output=True, text=True)
+        ready = time.perf_counter() - t0
+        if done.returncode:
+            raise RuntimeError(f"mount {url}: {done.stderr.strip()}")
+        try:
+            yield mnt, ready
+        finally:
+            subprocess.run([*self.tensorfs, "unmount", str(mnt)], env=self.env, capture_output=True)
+            mnt.rmdir()
+
+    def row(self, num, what, ours, ref, unit, goal, note=""):
+        ratio = ours / ref if ref else float("nan")
+        self.rows.append((num, what, ours, ref, unit, ratio, goal, note))
+        print(f"  {num}: {what}: {ours:.4g} vs {ref:.4g} {unit} -> {ratio:.2f} (goal {goal}) {note}",
+              flush=True)
+
+
+def read_all(path: Path) -> tuple[int, float]:
+    buf = bytearray(MiB)
+    fd = os.open(path, os.O_RDONLY)
+    total = 0
+    t0 = time.perf_counter()
+    while n := os.readv(fd, [buf]):
+        total += n
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    return total, dt
+
+
+def curl(url: str, start: int, size: int) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run(["curl", "-sf", "-o", "/dev/null", "-w", "%{size_download}",
+                           "-r", f"{start}-{start + size - 1}", url], capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if done.returncode or int(float(done.stdout)) != size:
+        raise RuntimeError(f"curl {url}: rc {done.returncode}, {done.stdout!r}")
+    return dt
+
+
+def big_model(b: RemoteBench) -> tuple[Path, int, int]:
+    """A safetensors file with one --big-mib uint8 tensor: (path, data offset, size)."""
+    from safetensors.numpy import save_file
+
+    size = b.args.big_mib * MiB
+    path = b.work / f"big-{b.args.big_mib}.safetensors"
+    if not path.exists():
+        rng = np.random.default_rng(1)
+        save_file({"big.weight": rng.integers(0, 255, size, dtype=np.uint8),
+                   "small.weight": np.arange(16, dtype=np.float32)}, str(path))
+    from tensorfs.loader import parse_model_file
+
+    t = next(t for t in parse_model_file(str(path)).tensors if t.name == "big.weight")
+    return path, t.offset, t.nbytes
+
+
+@contextmanager
+def proxy(upstream: int, rtt: float, window: int):
+    """The delaying proxy of tests/servers.py in a process of its own (not sharing the GIL
+    with the reader)."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "servers.py"), "proxy",
+                             str(upstream), str(rtt), str(window)], stdout=subprocess.PIPE, text=True)
+    try:
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def r1_r2(b: RemoteBench, server: Nginx) -> None:
+    path, offset, size = big_model(b)
+    server.put("files/big.safetensors", path)
+    a = b.args
+    for label, rtt in (("R1", 0.0), ("R2", a.rtt_ms / 1000)):
+        with proxy(server.port, rtt, a.window_mib * MiB) if rtt else _direct(server.url) as base:
+            url = f"{base}/files/big.safetensors"
+            ours, refs = [], []
+            for _ in range(a.repeat):
+                refs.append(curl(url, offset, size))
+                with b.mount(url, "--timeout", "120") as (mnt, _):
+                    n, dt = read_all(mnt / "big" / "weight")
+                    assert n == size
+                    ours.append(dt)
+            mbps = lambda dt: size / dt / 1e6  # noqa: E731
+            if rtt:
+                what = (f"sequential read of a {a.big_mib} MiB tensor, http mount vs `curl` of the "
+                        f"same range, +{a.rtt_ms:g} ms RTT (window {a.window_mib} MiB: one stream "
+                        f"<= {a.window_mib * MiB / rtt / 1e6:.0f} MB/s)")
+                goal = ">= 2"
+            else:
+                what = f"sequential read of a {a.big_mib} MiB tensor, http mount vs `curl` of the same range"
+                goal = ">= 0.8"
+            b.row(label, what, mbps(min(ours)), mbps(min(refs)), "MB/s", goal)
+
+
+@contextmanager
+def _direct(url):
+    yield url
+
+
+def r3(b: RemoteBench, server: Nginx) -> None:
+    import gguf
+
+    import run as bench_run
+
+    class Args(argparse.Namespace):           # bench/run.py's options this row does not set
+        def __getattr__(self, name):
+            return None
+
+    ns = Args(workdir=str(b.work / "vocab"), tensorfs_path=str(REPO), option=[],
+                            vocab=b.args.vocab, header_tensors=b.args.header_tensors)
+    gpath, _ = bench_run.vocab_models(bench_run.Bench(ns))
+    url = server.put("files/vocab.gguf", Path(gpath))
+    mounts = []
+    mark = server.log_mark()
+    for _ in range(b.args.repeat):
+        with b.mount(url) as (_, ready):
+            mounts.append(ready)
+    sent = sum(r["bytes"] for r in server.requests(mark)) / b.args.repeat
+    t0 = time.perf_counter()
+    gguf.GGUFReader(gpath)
+    ref = time.perf_counter() - t0
+    header = gguf.GGUFReader(gpath).data_offset
+    b.row("R3", f"`tensorfs mount` of the remote GGUF ({b.args.vocab:,}-token vocabulary, "
+          f"{b.args.header_tensors:,} tensors) until ready vs gguf.GGUFReader on the local file",
+          min(mounts), ref, "s", "<= 0.2",
+          f"{sent / MiB:.2f} MiB fetched per mount, header {header / MiB:.2f} MiB")
+
+
+def r4(b: RemoteBench, server: Nginx) -> None:
+    path, offset, size = big_model(b)
+    url = server.put("files/cached.safetensors", path)
+    cache = Path(tempfile.mkdtemp(prefix="diskcache-", dir=b.work))
+    passes = []
+    for _ in range(2):
+        mark = server.log_mark()
+        with b.mount(url, "--disk-cache", str(cache)) as (mnt, _):
+            after_mount = server.log_mark()
+            n, dt = read_all(mnt / "big" / "weight")
+            assert n == size
+        time.sleep(0.3)
+        everything, since_mount = server.requests(mark), server.requests(after_mount)
+        reads = [r for r in since_mount if parse_range(r["range"])]
+        at_mount = everything[:len(everything) - len(since_mount)]
+        passes.append((sum(r["bytes"] for r in reads), len(reads), sum(r["bytes"] for r in at_mount), dt))
+    shutil.rmtree(cache, ignore_errors=True)
+    (first, n1, m1, dt1), (second, n2, m2, dt2) = passes
+    b.row("R4", f"--disk-cache, second mount reading the {b.args.big_mib} MiB tensor again: bytes fetched "
+          f"again by reads ({n2} requests; first mount: {n1} requests, {first / MiB:.0f} MiB; "
+          f"at mount {m2 / 1024:.0f} KiB) vs the first mount's", second, first, "B", "0",
+          f"read {size / dt2 / 1e6:,.0f} MB/s from disk vs {size / dt1 / 1e6:,.0f} MB/s over http")
+
+
+def report(b: RemoteBench, command: str, elapsed: float) -> str:
+    lines = [BEGIN, "", f"Run {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+             f"{elapsed / 60:.1f} min, with:", "", "```", command, "```", "",
+             f"Machine: {os.cpu_count()} CPUs, Linux {platform.release()}, Python "
+             f"{platform.python_version()}; nginx "
+             f"{_nginx_version()}, curl {_curl_version()}; load average when it ended "
+             f"{os.getloadavg()[0]:.2f}.  Best of {b.args.repeat}; the mount's reader uses read(2) into a "
+             "1 MiB buffer, each time on a fresh mount.", "",
+             "| row | measurement | tensorfs | reference | ratio | goal | note |",
+             "|---|---|---:|---:|---:|---|---|"]
+    for num, what, ours, ref, unit, ratio, goal, note in b.rows:
+        lines.append(f"| {num} | {what} | {_fmt(ours, unit)} | {_fmt(ref, unit)} | {ratio:.2f} | {goal} | {note} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def _fmt(v, unit):
+    if unit == "MB/s":
+        return f"{v:,.0f} MB/s"
+    if unit == "s":
+        return f"{v:.3f} s"
+    return f"{v / MiB:,.1f} MiB" if v >= MiB else f"{v:,.0f} B"
+
+
+def _nginx_version() -> str:
+    out = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr
+    return out.strip().split("/")[-1]
+
+
+def _curl_version() -> str:
+    return subprocess.run(["curl", "--version"], capture_output=True, text=True).stdout.split()[1]
+
+
+def write_docs(text: str, path: Path) -> None:
+    doc = path.read_text()
+    if BEGIN in doc:
+        doc = doc[:doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
+    else:
+        doc = doc.rstrip("\n") + "\n\n## Remote models (`bench/bench_remote.py`)\n\n" + text + "\n"
+    path.write_text(doc)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="r1r2,r3,r4")
+    p.add_argument("--big-mib", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rtt-ms", type=float, default=20)
+    p.add_argument("--window-mib", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=150_000)
+    p.add_argument("--header-tensors", type=int, default=3000)
+    p.add_argument("--workdir", default=str(REPO / "build" / "bench-remote"))
+    p.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    p.add_argument("--no-report", action="store_true")
+    args = p.parse_args()
+    if not shutil.which("curl"):
+        print("curl is missing (apt-get install curl)", file=sys.stderr)
+        return 1
+    b = RemoteBench(args)
+    server = Nginx(b.work / "nginx", workers=2).start()
+    t0 = time.perf_counter()
+    try:
+        for name in args.rows.split(","):
+            {"r1r2": r1_r2, "r3": r3, "r4": r4}[name](b, server)
+    finally:
+        server.stop()
+    elapsed = time.perf_counter() - t0
+    text = report(b, "python bench/bench_remote.py " + " ".join(sys.argv[1:]), elapsed)
+    print(text)
+    if not args.no_report:
+        write_docs(text, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
