@@ -158,8 +158,6 @@ def _known(what: str):
 
 # Failures of the product against SPEC §8 / docs/remote.md found by these tests and reported;
 # each test keeps its full check and passes again (XPASS) once the product is fixed.
-KNOWN_ARGV = _known("a URL's password/signature and --storage-option values stay in the "
-                    "daemon's /proc/PID/cmdline")
 KNOWN_S3_412 = _known("S3's 412 (s3fs: 'At least one of the pre-conditions you specified did "
                       "not hold') is retried as a transient error, not told as a new version")
 KNOWN_UNMOUNT_HANG = _known("the daemon outlives `unmount --lazy` while a request stalls")
