@@ -186,6 +186,9 @@ class BlockReader:
                 if not future.done():
                     future.set_exception(error)
             return
+        if len(run) == 1:               # the answer is the block: no copy
+            self._resolve(run[0], data, keep_on_disk=True)
+            return
         view = memoryview(data)
         for index in run:
             offset = index * self.block - start

@@ -27,7 +27,8 @@ from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from tensorfs.blockcache import BLOCK_SIZE, BlockReader, DiskCache
+from tensorfs import blockcache
+from tensorfs.blockcache import BlockReader, DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location
 from tensorfs.source import SourceError
@@ -763,9 +764,11 @@ class RemoteSource:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
                         "under the mount cannot be told; not kept in the disk cache", path)
         key = (path, self.version)
-        disk_key = (DiskCache.object_key(path, self.version, BLOCK_SIZE)
+        block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
+        disk_key = (DiskCache.object_key(path, self.version, block)
                     if disk is not None and self.version else None)
-        self.blocks = BlockReader(key, self.size, self._fetch, settings.cache, disk, disk_key)
+        self.blocks = BlockReader(key, self.size, self._fetch, settings.cache, disk, disk_key,
+                                  block_size=block)
 
     # -- the source interface ----------------------------------------------------------------
     def stat(self):
