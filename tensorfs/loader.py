@@ -57,7 +57,11 @@ def parse_source(source) -> ModelFile:
                     raise ModelError("header_size", f"the header needs more than "
                                      f"{MAX_HEADER_READ} bytes ({more.needed} at least), "
                                      f"the most tensorfs reads as a header", file=path)
-                want = min(file_size, MAX_HEADER_READ, max(more.needed, GROWTH * len(prefix)))
+                grown = GROWTH * len(prefix)
+                step = getattr(source, "prefix_step", None)
+                if step is not None:        # a remote file: no more than header + step fetched
+                    grown = min(grown, len(prefix) + step)
+                want = min(file_size, MAX_HEADER_READ, max(more.needed, grown))
                 prefix = source.read(0, want)
     except ModelError as error:
         if error.file is None:

@@ -744,6 +744,10 @@ class RemoteSource:
     """A remote file as served: size and version pinned by the first request, the header
     kept from the parse, every other byte read through the block cache."""
 
+    # the parser's growing prefix grows by at most this much past what it asked for: a mount
+    # fetches at most header + 1 MiB of each file (SPEC §8)
+    prefix_step = 1 << 20
+
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
                  disk: DiskCache | None):
         self.transport = transport

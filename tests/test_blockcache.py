@@ -232,3 +232,30 @@ def test_a_disk_cache_others_control_is_refused(server, tmp_path, problem):
     with pytest.raises(ModelError) as refused:
         _open(nginx, tmp_path, disk_cache=(str(disk), 64 * MiB))
     assert str(disk) in str(refused.value)
+
+
+def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
+    """A GGUF whose vocabulary makes a header of megabytes: the loader's growing prefix
+    reads the header and at most 1 MiB past it (SPEC §8), in a few requests."""
+    import gguf
+
+    from tensorfs.loader import load_model
+    from tensorfs.remote import RemoteSettings
+    from tests.models import finish_gguf
+
+    nginx, _ = server
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", [f"token-{i:06d}" for i in range(300_000)])
+    finish_gguf(writer, {"w": np.arange(6 * MiB // 4, dtype=np.float32)})
+    url = nginx.put("files/vocab.gguf", path)
+    mark = nginx.log_mark()
+    model = load_model(url, RemoteSettings())
+    try:
+        header = model.files[0].header_size
+        assert header > 4 * MiB
+        fetched = sum(r["bytes"] for r in nginx.wait_quiet(mark, quiet=0.2))
+        assert header <= fetched <= header + MiB
+        assert len(model.metadata["tokenizer.ggml.tokens"].value()) == 300_000
+    finally:
+        model.close()

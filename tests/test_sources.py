@@ -127,3 +127,20 @@ def test_load_model_keeps_the_sources_it_parsed_from(tmp_path):
     finally:
         model.close()
     assert INDEX == index.name
+
+
+def test_a_url_without_the_remote_extra_is_one_line_naming_it(tmp_path):
+    """The packages of tensorfs-fuse[remote] hidden (a module of that name that fails to
+    import comes first on the path): a URL is refused with one line saying what to install."""
+    for module, url in (("fsspec", "http://127.0.0.1:9/m.gguf"),
+                        ("huggingface_hub", "hf://org/repo/m.gguf"),
+                        ("s3fs", "s3://bucket/m.gguf")):
+        shadow = tmp_path / module
+        (shadow / module).mkdir(parents=True)
+        (shadow / module / "__init__.py").write_text(
+            f"raise ImportError(\"No module named '{module}'\", name='{module}')\n")
+        env = {**os.environ, "PYTHONPATH": str(shadow)}
+        line = _one_line(run_tensorfs("inspect", url, env=env, timeout=60))
+        assert line == (f"tensorfs: error: {url}: reading a URL needs the optional packages of "
+                        f"tensorfs-fuse[remote]: pip install 'tensorfs-fuse[remote]' "
+                        f"(missing: {module})")
