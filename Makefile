@@ -72,6 +72,9 @@ bench: test-venv
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev pkg-config
 	$(BIN)/python -m pip install -q matplotlib
 	$(BIN)/python bench/run.py
+	@# the remote rows compare with curl (nginx and moto come with test-venv)
+	@command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl
+	$(BIN)/python bench/bench_remote.py
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two
