@@ -75,16 +75,17 @@ class RawView:
 
 # Generated content is kept in the shared LRU in blocks of this many bytes.
 GENERATED_BLOCK = 256 << 10
-# A generated file larger than the cache is read through a cursor: its producer, left where
-# the last block it made ended, and the last WINDOW_BLOCKS blocks it made (the kernel has
-# up to its 1 MiB read-ahead plus a 1 MiB request in flight, answered in any order).  At
-# most LIVE_CURSORS files have one at a time: WINDOW_BLOCKS * GENERATED_BLOCK * LIVE_CURSORS
-# = 16 MiB at most outside --cache-size, besides what each producer holds (the decoded
-# value it is writing out, no more than the mount holds for it anyway).
-WINDOW_BLOCKS = 16
-LIVE_CURSORS = 4
+# A generated file larger than the cache is read through cursors: each is its producer, left
+# where the last block it made ended, with the last WINDOW_BLOCKS blocks it made (the kernel
+# has up to its 1 MiB read-ahead plus a 1 MiB request in flight, answered in any order).  A
+# reader continues the cursor just behind it, so two readers of one file each keep their
+# own.  At most LIVE_CURSORS live at a time, the oldest dropped first: WINDOW_BLOCKS *
+# GENERATED_BLOCK * LIVE_CURSORS = 16 MiB at most outside --cache-size, besides what each
+# producer holds (the decoded value it is writing out, no more than the model holds).
+WINDOW_BLOCKS = 8
+LIVE_CURSORS = 8
 
-_live_cursors: list = []            # weak references to the views that hold a cursor
+_live_cursors: list = []            # (weak reference to the view, its cursor), oldest first
 _live_lock = threading.Lock()
 
 
@@ -134,22 +135,25 @@ class GeneratedView:
         self.produce = produce
         self._size = size
         self._lock = threading.Lock()
-        self._cursor: _Cursor | None = None
+        self._cursors: list[_Cursor] = []
         self.generations = 0
 
-    def _start(self) -> _Cursor:
+    def _start(self, keep: bool = True) -> _Cursor:
         self.generations += 1
         log.debug("%s: generating (start %d)", self.key, self.generations)
         out = self.produce()
         if isinstance(out, (bytes, bytearray, memoryview)):
             out = (bytes(out),)
         cursor = _Cursor(iter(out))
-        with _live_lock:
-            _live_cursors.append(weakref.ref(self))
-            while len(_live_cursors) > LIVE_CURSORS:
-                view = _live_cursors.pop(0)()
-                if view is not None and view is not self:
-                    view._cursor = None
+        if keep:
+            self._cursors.append(cursor)
+            with _live_lock:
+                _live_cursors.append((weakref.ref(self), cursor))
+                while len(_live_cursors) > LIVE_CURSORS:
+                    ref, old = _live_cursors.pop(0)
+                    view = ref()
+                    if view is not None and old in view._cursors:
+                        view._cursors.remove(old)
         return cursor
 
     def _keep(self, index: int, block: bytes) -> None:
@@ -158,25 +162,34 @@ class GeneratedView:
         self.cache.put((self.key, index), block)
 
     def _make(self, index: int) -> bytes:
-        """Block ``index``, from the cursor's window or by moving the cursor to it."""
+        """Block ``index``: from a cursor's window, or made by the cursor nearest behind
+        it, or by a new one."""
         with self._lock:
-            cursor = self._cursor
-            if cursor is not None and index in cursor.window:
-                return cursor.window[index]
-            if cursor is None or cursor.index > index:
-                cursor = self._cursor = self._start()
+            cursor = None
+            for c in list(self._cursors):
+                block = c.window.get(index)
+                if block is not None:
+                    return block
+                if c.index <= index and (cursor is None or c.index > cursor.index):
+                    cursor = c
+            if cursor is None:
+                cursor = self._start()
             try:
                 while True:
                     block = cursor.next_block()
                     if block is None:               # past the end: done with the producer
-                        self._cursor = None
+                        self._drop(cursor)
                         return b""
                     if cursor.index - 1 == index:
                         return block
                     self._keep(cursor.index - 1, block)
             except BaseException:
-                self._cursor = None
+                self._drop(cursor)
                 raise
+
+    def _drop(self, cursor: _Cursor) -> None:
+        if cursor in self._cursors:
+            self._cursors.remove(cursor)
 
     def _block(self, index: int) -> bytes:
         return self.cache.get((self.key, index), lambda: self._make(index))
@@ -186,7 +199,7 @@ class GeneratedView:
         if self._size is None:
             with self._lock:
                 if self._size is None:
-                    cursor = self._start()
+                    cursor = self._start(keep=False)
                     total = 0
                     while (block := cursor.next_block()) is not None:
                         self._keep(cursor.index - 1, block)

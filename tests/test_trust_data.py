@@ -155,10 +155,41 @@ def test_generated_files_larger_than_the_cache_cost_one_generation(tmp_path, mou
     assert vocab == "".join(t.replace("\n", "\\n") + "\n" for t in tokens).encode()
     assert 1 <= _generations(log, "metadata.json") <= 2
     assert 1 <= _generations(log, "tokenizer.ggml.tokens") <= 2
-    # a second reader from the start: one more generation, not one per read
-    subprocess.run(["dd", f"if={mnt / 'metadata.json'}", "of=/dev/null", "bs=4k",
-                    "iflag=direct"], capture_output=True, check=True)
-    assert _generations(log, "metadata.json") <= 3
+    # two more readers at once, uncached by the kernel (O_DIRECT): each keeps its own cursor
+    readers = [subprocess.Popen(["dd", f"if={mnt / 'metadata.json'}", "bs=64k",
+                                 "iflag=direct"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL) for _ in range(2)]
+    for reader in readers:
+        assert reader.communicate()[0] == text
+    assert _generations(log, "metadata.json") <= 4
+
+
+def test_a_generated_view_read_by_interleaved_readers_in_process():
+    """The view itself: two sequential readers taking turns, a cache that keeps nothing,
+    then random reads; every byte right, and the producer started once per reader."""
+    import random
+
+    from tensorfs.cache import ByteLRU
+    from tensorfs.views import GeneratedView
+
+    data = random.Random(1).randbytes(3_000_000)
+    view = GeneratedView(ByteLRU(1), "k",
+                         lambda: (data[i:i + 70_000] for i in range(0, len(data), 70_000)))
+    assert view.size == len(data) and view.generations == 1
+    a, b, got_a, got_b = 0, len(data) // 2, [], []
+    while a < len(data) // 2 or b < len(data):
+        if a < len(data) // 2:
+            got_a.append(view.read(a, min(131072, len(data) // 2 - a)))
+            a += 131072
+        if b < len(data):
+            got_b.append(view.read(b, 131072))
+            b += 131072
+    assert b"".join(got_a) == data[:len(data) // 2] and b"".join(got_b) == data[len(data) // 2:]
+    assert view.generations <= 3          # one per reader at most (here the window served A)
+    rng = random.Random(2)
+    for _ in range(30):
+        offset, size = rng.randrange(len(data)), rng.choice([1, 4096, 300_000])
+        assert view.read(offset, size) == data[offset:offset + size]
 
 
 # -- memory linear in the input, for every name shape ----------------------------------------
