@@ -34,6 +34,7 @@ fi
 
 unshare --mount --propagation private bash -euo pipefail -c '
   root=$1 pip_cert=$2
+  mount --bind "$root" "$root"        # "/" a mount point in the chroot, as on a machine
   mount --rbind /dev "$root/dev"
   mount -t proc proc "$root/proc"
   mount -t sysfs sysfs "$root/sys"
