@@ -96,6 +96,7 @@ class BlockReader:
         if size <= 0:
             return 0
         first, last = offset // self.block, (offset + size - 1) // self.block
+        self._read_ahead(offset, offset + size, last)   # before waiting: all in flight at once
         lo, hi = self._small_tensor(offset, first, last)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         out = memoryview(buf)
@@ -106,7 +107,6 @@ class BlockReader:
             n = min(len(data) - start, size - pos)
             out[pos:pos + n] = memoryview(data)[start:start + n]
             pos += n
-        self._read_ahead(offset, offset + size, last)
         return pos
 
     def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
@@ -209,16 +209,23 @@ class BlockReader:
 
     # -- read-ahead ------------------------------------------------------------------------
     def _read_ahead(self, offset: int, end: int, last: int) -> None:
-        """A read that starts where an earlier one ended continues that reader's stream: its
-        window doubles and that many blocks after it are fetched, never past the end of the
-        tensor being read (each file of a mount is one tensor: what lies beyond is another
-        file).  Exact offsets, not blocks: readers of one block at once are not a stream."""
+        """A read that starts where an earlier one ends (or up to a block further on: the
+        kernel's read-ahead sends a file's next reads together, and FUSE threads take them in
+        any order) continues that reader's stream: its window doubles and that many blocks
+        after it are fetched, never past the end of the tensor being read (each file of a
+        mount is one tensor: what lies beyond is another file).  A stream is registered when
+        its read starts, not when it ends.  Readers of one block at once are not a stream
+        (their reads start before where the others' end)."""
         i = bisect.bisect_right(self._starts, end - 1) - 1
         if i < 0 or end > self._ends[i]:
             return                      # not inside a tensor (a header): no read-ahead
         limit = (self._ends[i] - 1) // self.block
         with self._lock:
-            window = self._streams.pop(offset, None)
+            key = None
+            for known in self._streams:
+                if known <= offset <= known + self.block and (key is None or known > key):
+                    key = known
+            window = self._streams.pop(key) if key is not None else None
             if window is not None:
                 window = min(self._max_ahead(), max(1, 2 * window))
             else:
