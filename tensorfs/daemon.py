@@ -322,10 +322,20 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
                    debug: bool) -> None:
     """Serve in this process; stderr is captured while mounting so that a refusal is said
     in one line, as in the background."""
+    import logging.handlers
+
     saved = os.dup(2)
     stream = open(log_fd, "a", buffering=1) if log_fd is not None else \
         open(os.dup(saved), "w", buffering=1)
     _setup_logging(stream, debug)
+    held = None
+    if log_fd is None:
+        # the log is the terminal: until the mount is up its lines are held, so that a
+        # refused mount is one line there too (the error line carries the reason)
+        root = logging.getLogger()
+        held = logging.handlers.MemoryHandler(1 << 20, flushLevel=logging.CRITICAL + 1,
+                                              target=root.handlers[0], flushOnClose=False)
+        root.handlers[:] = [held]
     life = _Life(mountpoint, info, log_path or "stderr", False)
     life.start()
     r, w = os.pipe()
@@ -356,6 +366,9 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
         reader.join(2)
         if captured:                  # libfuse's warnings on a mount that did come up
             os.write(2, b"".join(captured))
+        if held is not None:
+            held.flush()
+            logging.getLogger().handlers[:] = [held.target]
         life.on_ready()
 
     try:
@@ -365,6 +378,8 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
     except BaseException as error:
         restore()
         reader.join(2)
+        if held is not None and not life.ready:
+            held.buffer.clear()       # logging.shutdown would flush them after the line
         if debug:
             raise
         raise DaemonError(f"{mountpoint}: mount failed: "

@@ -99,7 +99,7 @@ class User:
         namespace's last process; the script must unmount what it mounts."""
         node = scratch / "fuse-node"
         user = shlex.join(self.command("sh", "-c", script, env=env))
-        outer = (f"{_reach_python()} mknod {node} c 10 229 && chmod 666 {node} && "
+        outer = (f"{_reach_python()} rm -f {node} && mknod {node} c 10 229 && chmod 666 {node} && "
                  f"mount --bind {node} /dev/fuse && {user}")
         return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", outer],
                               capture_output=True, text=True, timeout=180, cwd="/",
@@ -316,6 +316,12 @@ def test_a_refused_mount_says_fusermounts_reason_in_one_line(users, shared_dir):
     log.mkdir()
     os.chown(log, victim.uid, victim.uid)
     t = " ".join(TENSORFS)
+    foreground = victim.script_in_fuse_namespace(
+        f"{t} mount --foreground {model} {mnt} -o allow_other; echo rc=$?", shared_dir,
+        env={"XDG_RUNTIME_DIR": ""})
+    assert "rc=1" in foreground.stdout and len(foreground.stderr.splitlines()) == 1, \
+        foreground.stderr
+    assert "user_allow_other" in foreground.stderr
     result = victim.script_in_fuse_namespace(
         f"{t} mount {model} {mnt} -o allow_other --log {log}/x.log; echo rc=$?; cat {log}/x.log",
         shared_dir, env={"XDG_RUNTIME_DIR": ""})
