@@ -136,10 +136,16 @@ def users():
     try:
         # names of this session's own: two test sessions at once must not share (or delete)
         # each other's users, nor their /tmp/tensorfs-UID
+        probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.skip(f"no private mount namespace here (unshare -m: {probe.stderr.strip()})")
         names = (f"tfs-victim-{os.getpid()}", f"tfs-attacker-{os.getpid()}")
         for name in names:
-            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True,
-                           capture_output=True)
+            made_it = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],
+                                     capture_output=True, text=True)
+            if made_it.returncode != 0:
+                pytest.skip(f"cannot create test users: {made_it.stderr.strip()}")
             made.append(name)
         yield User(names[0]), User(names[1])
     finally:
