@@ -16,7 +16,8 @@ option takes.  What is refused and why (docs/cli.md has the same table):
 ``dev``, ``suid`` (which mount.fuse3 adds unless told ``nodev``/``nosuid``) are accepted
 and have no effect: every tensorfs mount is ``nodev,nosuid`` (no file in it is a device or
 setuid).  ``rw`` coming from mount(8) through the fstab convention is its default, not a
-request: ``tensorfs.cli`` drops it there.
+request: ``parse(..., from_mount_helper=True)`` drops it, with the userspace-only options
+(``nofail``, ``_netdev``, ``x-*`` ...).
 """
 
 from __future__ import annotations
