@@ -240,9 +240,7 @@ class FsspecTransport(Transport):
     def _call(self, fn, *args, timeout: float, **kwargs):
         """A blocking filesystem call, bounded by ``timeout``: run in a thread whose result
         is waited for that long (a hung call is left to finish on its own)."""
-        from tensorfs.blockcache import _pool
-
-        future = _pool().submit(fn, *args, **kwargs)
+        future = _calls().submit(fn, *args, **kwargs)
         try:
             return future.result(timeout=timeout)
         except TimeoutError:
@@ -292,6 +290,24 @@ class FsspecTransport(Transport):
         return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries
                       if e.get("type") == "file"
                       and not posixpath.basename(e["name"].rstrip("/")).startswith("."))
+
+
+_call_pool = None
+_call_pool_pid = 0
+_call_pool_lock = threading.Lock()
+
+
+def _calls():
+    """Threads for blocking filesystem calls, apart from the read-ahead threads (which make
+    such calls and wait for them: one pool for both could wait on itself)."""
+    global _call_pool, _call_pool_pid
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _call_pool_lock:
+        if _call_pool is None or _call_pool_pid != os.getpid():
+            _call_pool = ThreadPoolExecutor(64, thread_name_prefix="tensorfs-call")
+            _call_pool_pid = os.getpid()
+        return _call_pool
 
 
 def _version_of(info: dict) -> str | None:

@@ -5,6 +5,7 @@ the tree nor the bytes of what was parsed."""
 
 from __future__ import annotations
 
+import importlib.util as importlib_util
 import os
 
 import numpy as np
@@ -144,3 +145,24 @@ def test_a_url_without_the_remote_extra_is_one_line_naming_it(tmp_path):
         assert line == (f"tensorfs: error: {url}: reading a URL needs the optional packages of "
                         f"tensorfs-fuse[remote]: pip install 'tensorfs-fuse[remote]' "
                         f"(missing: {module})")
+
+
+def test_any_other_fsspec_protocol_mounts_like_the_path(tmp_path, mount):
+    """file:// goes through the generic transport (fsspec's info / ls / ranged cat_file)
+    and the block cache: the mount's files are the local mount's, a directory included."""
+    import json
+
+    pytest = __import__("pytest")
+    if importlib_util.find_spec("fsspec") is None:
+        pytest.skip("the remote extra is not installed")
+    index, _, _ = write_hf_shards(tmp_path / "hf", 3)
+    local = mount(index, name="local")
+    for url in (f"file://{index}", f"file://{index.parent}"):
+        remote = mount(url, name=f"url{len(url)}")
+        doc = json.loads((remote / "metadata.json").read_bytes())
+        assert doc["source"] == url
+        assert all(s["version"] for s in doc["shards"])
+        for entry in doc["tensors"].values():
+            for suffix in ("", ".npy"):
+                assert (remote / (entry["path"] + suffix)).read_bytes() == \
+                    (local / (entry["path"] + suffix)).read_bytes()
