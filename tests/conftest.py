@@ -15,7 +15,15 @@ import pytest
 # /run/tensorfs, where a few hundred test mounts' logs would pile up.  Set before any test
 # runs, so the tests' own lookups (tensorfs.runtime.pid_file) and every tensorfs they start
 # agree on it.
-RUNTIME_DIR = tempfile.mkdtemp(prefix="tensorfs-test-run-")
+# This file is imported twice, as pytest's conftest and as tests.conftest (the tests import
+# helpers from it): the second import finds this process's directory instead of making (and
+# leaking) another.  Tagged with the pid: a pytest started by a test makes its own.
+_pid, _, _made = os.environ.get("TENSORFS_TEST_RUNTIME_DIR", "").partition(":")
+if _pid == str(os.getpid()) and os.path.isdir(_made):
+    RUNTIME_DIR = _made
+else:
+    RUNTIME_DIR = tempfile.mkdtemp(prefix="tensorfs-test-run-")
+    os.environ["TENSORFS_TEST_RUNTIME_DIR"] = f"{os.getpid()}:{RUNTIME_DIR}"
 os.environ["XDG_RUNTIME_DIR"] = RUNTIME_DIR
 
 
