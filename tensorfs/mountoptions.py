@@ -32,7 +32,7 @@ _FLAGS = {
     "nodev": "always on", "nosuid": "always on",
     "dev": "accepted for mount.fuse3; nodev stays", "suid": "accepted for mount.fuse3; nosuid stays",
     "exec": "files have no x bit either way", "noexec": "passed on",
-    "atime": "passed on", "noatime": "passed on", "relatime": "passed on",
+    "atime": "passed on", "noatime": "passed on",
     "nothreads": "one thread serves (tensorfs.fusefs)",
     "kernel_cache": "always in effect", "use_ino": "always in effect",
     "auto_unmount": "fusermount unmounts if the daemon dies",

@@ -782,3 +782,16 @@ def test_a_caller_reading_the_commands_output_through_pipes_sees_their_end(tmp_p
         os.close(r)
         os.close(out_r)
         assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+@pytest.mark.parametrize("option", ["exec", "noexec", "atime", "noatime", "auto_unmount",
+                                    "allow_root", "nothreads", "kernel_cache", "use_ino",
+                                    "attr_timeout=0.5", "negative_timeout=0"])
+def test_every_allowed_option_mounts(tmp_path, mount, option):
+    """The allow-list holds nothing libfuse would refuse (relatime was, and is not allowed)."""
+    if option == "allow_root" and not IS_ROOT:
+        pytest.skip("allow_root needs user_allow_other for a non-root user")
+    model = tmp_path / "m.safetensors"
+    tensors = write_safetensors(model)
+    mnt = mount(model, "-o", option)
+    assert (mnt / "lm_head" / "weight").read_bytes() == tensors["lm_head.weight"].tobytes()
