@@ -556,6 +556,11 @@ def row_converted(b: Bench) -> None:
             for q in CONV_TYPES:
                 path = os.path.join(mnt, f"conv/{q}/weight.npy")
                 ours.setdefault(f"{q}_direct", []).append(read_file(path, flags=os.O_DIRECT))
+        with b.mount(model, "--workers", "0") as (mnt, _, _):    # the same, in-thread
+            for q in CONV_TYPES:
+                if q != "BF16":
+                    path = os.path.join(mnt, f"conv/{q}/weight.npy")
+                    ours.setdefault(f"{q}_direct_w0", []).append(read_file(path, flags=os.O_DIRECT))
     for q in CONV_TYPES:
         t = by_name[f"conv.{q}.weight"]
         rows = np.array(t.data)                       # the rows as stored, in memory
@@ -572,6 +577,7 @@ def row_converted(b: Bench) -> None:
         extra = {}
         if f"{q}_w0" in ours:
             extra["tensorfs_w0"] = mbps(*min(ours[f"{q}_w0"], key=lambda r: r[1]))
+            extra["direct_w0"] = mbps(*min(ours[f"{q}_direct_w0"], key=lambda r: r[1]))
         b.record(f"4_{q}", tensorfs=mbps(*mine), gguf_py=mbps(out.nbytes, min(times)), nbytes=out.nbytes,
                  direct=mbps(*direct), spread=max(r[1] for r in ours[q]) / mine[1], **extra)
         del rows, out
@@ -908,6 +914,13 @@ def table(r: dict) -> list[tuple]:
                 f"(in-thread; w0 / gguf-py = {x['tensorfs_w0'] / x['gguf_py']:.2f})",
                 f"{x['tensorfs']:,.0f} MB/s", f"{x['tensorfs_w0']:,.0f} MB/s",
                 _ratio(x["tensorfs"], x["tensorfs_w0"]))
+    for q in CONV_TYPES:
+        if "direct_w0" in r.get(f"4_{q}", {}):
+            x = r[f"4_{q}"]
+            add("4w", f"{q} .npy read with O_DIRECT (the daemon's rate): worker processes vs "
+                f"`--workers 0` (w0 / gguf-py = {x['direct_w0'] / x['gguf_py']:.2f})",
+                f"{x['direct']:,.0f} MB/s", f"{x['direct_w0']:,.0f} MB/s",
+                _ratio(x["direct"], x["direct_w0"]))
     if "1_fresh_raw" in r and any(f"4_{q}" in r for q in CONV_TYPES):
         # A converted view moves as many float32 bytes through FUSE as a raw file of that size:
         # the raw rate of the same kind of read bounds it, before any conversion.
