@@ -17,9 +17,11 @@ conversion) on a socket, and the answer is ``ok`` or one line saying what failed
 Workers are started with ``spawn`` semantics (a fresh ``python -m tensorfs.workers``, through
 ``subprocess``: fork + exec at once), so the daemon may start one at any time, also once
 libfuse's threads exist: a worker that dies is replaced the same way the first ones were
-started.  A worker never outlives its daemon: the kernel kills it when the daemon's thread
-that started it ends (``PR_SET_PDEATHSIG``), it exits when its socket reaches end of file,
-and it checks at start that its parent is still the daemon that started it.
+started.  They start when the first costly conversion asks for them; until one is ready,
+the daemon converts in its own threads.  A worker never outlives its daemon: the kernel
+kills it when the daemon's thread that started it ends (``PR_SET_PDEATHSIG``), it exits
+when its socket reaches end of file, and it checks at start that its parent is still the
+daemon that started it.
 
 Faults: a worker that dies (or stops answering for ``TASK_TIMEOUT_S``) fails the reads it was
 serving with ``WorkerError`` (EIO) and is replaced; nothing waits forever.
@@ -79,7 +81,7 @@ def default_size() -> int:
 
 
 class _Worker:
-    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready", "started")
+    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready")
 
     def __init__(self, index: int, proc: subprocess.Popen, sock: socket.socket, pidfd: int):
         self.index = index
@@ -88,7 +90,6 @@ class _Worker:
         self.pidfd = pidfd
         self.dead = False
         self.ready = False      # said so once its imports were done
-        self.started = time.monotonic()
 
 
 class WorkerPool:
@@ -170,6 +171,8 @@ class WorkerPool:
                 self._stop(w)
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        for fd in (self._arena_fd, self._wake_r, self._wake_w):
+            os.close(fd)
         self.running = False
 
     def _stop(self, w: _Worker) -> None:
