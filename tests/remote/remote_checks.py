@@ -160,7 +160,6 @@ def _known(what: str):
 # each test keeps its full check and passes again (XPASS) once the product is fixed.
 KNOWN_S3_412 = _known("S3's 412 (s3fs: 'At least one of the pre-conditions you specified did "
                       "not hold') is retried as a transient error, not told as a new version")
-KNOWN_UNMOUNT_HANG = _known("the daemon outlives `unmount --lazy` while a request stalls")
 
 # Marked the tests of the product while issue 15 was landing; it has landed: a no-op now.
 needs_remote = pytest.mark.usefixtures()

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
 from tests.conftest import fuse_mounts_under, run_tensorfs
 from tests.remote.remote_checks import (
-    HF_TOKEN, KNOWN_S3_412, KNOWN_UNMOUNT_HANG, assert_matches_reference, doc_of,
+    HF_TOKEN, KNOWN_S3_412, assert_matches_reference, doc_of,
     reference)
 from tests.servers import HubRepo, free_port
 
@@ -289,7 +289,6 @@ def test_a_stall_ends_in_eio_within_the_timeout_and_other_reads_go_on(nginx, pro
     assert alive(daemon_pid(mnt))
 
 
-@KNOWN_UNMOUNT_HANG
 def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env, tmp_path):
     p = proxy(nginx.port)
     mnt = tmp_path / "mnt"
