@@ -652,17 +652,36 @@ class S3Transport(FsspecTransport):
         except PermissionError as error:
             raise FetchError("denied", f"access denied ({error})") from None
         except OSError as error:
-            text = str(error)
-            if "PreconditionFailed" in text or "412" in text:
-                raise FetchError("version", "the object changed since it was mounted "
-                                 "(PreconditionFailed)") from None
-            raise FetchError("http", text or type(error).__name__, transient=True) from None
+            if _precondition_failed(error):
+                raise FetchError("version", "the object changed: its ETag is no longer the "
+                                 "one pinned at mount (PreconditionFailed)") from None
+            raise FetchError("http", str(error) or type(error).__name__,
+                             transient=True) from None
         finally:
             self._untrack(future)
         if len(data) != end - start:
             raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
                              transient=True)
         return data
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    """s3fs turns botocore's ClientError into an OSError whose text varies (EINVAL, "At least
+    one of the pre-conditions you specified did not hold"): the error code is on the cause."""
+    seen = 0
+    while error is not None and seen < 5:
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code == "PreconditionFailed" or status == 412:
+                return True
+        text = str(error)
+        if "PreconditionFailed" in text or "pre-conditions you specified" in text:
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
 
 
 def _transport(url: str, settings: RemoteSettings) -> Transport:
