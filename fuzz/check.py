@@ -216,7 +216,8 @@ def _check_downstream(fmt: str, model) -> None:
             raw = [paths[t.name].raw for t in model.tensors]
             if len(set(raw)) != len(raw):
                 raise Violation(f"{fmt}: two tensors share a path in the {layout} layout")
-        json.loads(metadata_json_bytes(metadata_document(whole, paths, plans)))
+        json.loads(metadata_json_bytes(metadata_document(whole, paths, plans)),
+                   parse_constant=_refuse_constant)         # strict JSON: no bare NaN
     except Violation:
         raise
     except Exception as error:
