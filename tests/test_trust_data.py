@@ -24,7 +24,9 @@ from safetensors.numpy import save_file
 from tests import gguf_corpus as gc
 from tests import safetensors_corpus as sc
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.test_shards import INDEX, _refused, one, write_gguf_shard, write_hf_shards
+from tests.test_shards import INDEX, _refused, one, write_hf_shards
+
+from reliability_models import daemon_pid
 
 
 def _strict(text):
@@ -245,8 +247,7 @@ def test_a_name_shape_costs_memory_linear_in_the_file(tmp_path, mount, shape):
     assert _max_rss_kib("inspect", model) < budget_kib
     assert _max_rss_kib("inspect", "--json", model) < budget_kib
     mnt = mount(model)
-    pid = int(subprocess.run(["pgrep", "-f", f"tensorfs mount {model}"], capture_output=True,
-                             text=True).stdout.split()[0])
+    pid = daemon_pid(mnt)
     doc = _strict((mnt / "metadata.json").read_bytes())
     path = doc["tensors"][name]["path"]
     assert len(path) < 4 * len(name.encode()) + 64        # linear too
