@@ -51,13 +51,11 @@ $(MOTO)/bin/moto_server:
 # A C compiler and libfuse3's headers: tests/test_struct_layout.py compiles the structs the
 # binding declares, and tests/test_libfuse_matrix.py builds upstream libfuse releases (with
 # meson and ninja from requirements-test.txt) to run the mount tests against each.
-# procps: pgrep (tests/test_trust_data.py), absent from a minimal Debian.
 test-system-deps:
-	@command -v cc >/dev/null && command -v pkg-config >/dev/null && pkg-config --exists fuse3 \
-	    && command -v pgrep >/dev/null || { \
-	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config, libfuse3-dev and procps (apt-get)" >&2; exit 1; fi; \
-	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests), procps ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev procps; }
+	@command -v cc >/dev/null && command -v pkg-config >/dev/null && pkg-config --exists fuse3 || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
+	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
 
 venv: system-deps $(VENV)/.installed
 test-venv: system-deps test-system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
