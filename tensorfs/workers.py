@@ -55,7 +55,7 @@ log = logging.getLogger("tensorfs")
 IN_SLOT_BYTES = CHUNK_OUTPUT_BYTES // 2
 # A conversion of one chunk takes milliseconds; this long without an answer means the
 # worker is stuck (or stopped): it is killed and replaced, and the read fails with EIO.
-TASK_TIMEOUT_S = 30.0
+TASK_TIMEOUT_S = float(os.environ.get("TENSORFS_WORKER_TIMEOUT_S", "30"))  # tests shorten it
 # Output slots beyond what the caches may hold: chunks being converted or copied into a
 # reply at the moment their cache drops them.  Past that, chunks are made in-thread.
 SPARE_SLOTS = 32

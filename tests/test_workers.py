@@ -264,3 +264,34 @@ def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_pa
     text = log.read_text()
     assert "truncated" in text and "Traceback" not in text and "died" not in text
     assert sorted(_workers_of(pid)) == sorted(workers)      # the read failed, not a worker
+
+
+def test_a_stopped_worker_is_killed_after_the_timeout_and_the_read_fails_not_hangs(model, tmp_path):
+    path, expected = model
+    log = tmp_path / "daemon.log"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = dict(os.environ, TENSORFS_WORKER_TIMEOUT_S="2")
+    result = run_tensorfs("mount", path, mnt, "--workers", "1", "--log", log, env=env)
+    assert result.returncode == 0, result.stderr
+    try:
+        pid = daemon_pid(mnt)
+        _start_workers(mnt, expected, log)
+        [worker] = _wait_workers(pid, 1)
+        os.kill(worker, signal.SIGSTOP)             # alive, but never answers
+        name = "d.q4_k.weight"
+        fd = os.open(mnt / (expected[name].path + ".npy"), os.O_RDONLY | os.O_DIRECT)
+        try:
+            with pytest.raises(OSError) as error:     # after the 2 s timeout, not never
+                os.pread(fd, 4096, 1 << 20)
+            assert error.value.errno == errno.EIO
+            assert wait_for(lambda: not _running(worker), 10)       # killed, not left
+            [new] = _wait_workers(pid, 1, exclude=[worker])
+            assert wait_for(lambda: log.read_text().count("conversion workers ready") == 2, 30)
+            want = npy_bytes(expected[name].values)
+            assert os.pread(fd, 4096, 1 << 20) == want[1 << 20:(1 << 20) + 4096]
+        finally:
+            os.close(fd)
+        assert "did not answer in 2 s" in log.read_text()
+    finally:
+        assert run_tensorfs("unmount", mnt).returncode == 0
