@@ -296,8 +296,15 @@ class WorkerPool:
         finally:
             theirs.close()
         ours.settimeout(TASK_TIMEOUT_S)
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:               # cannot be watched: not kept either
+            ours.close()
+            proc.kill()
+            proc.wait()
+            raise
         log.debug("conversion worker %d started: pid %d", index, proc.pid)
-        return _Worker(index, proc, ours, os.pidfd_open(proc.pid))
+        return _Worker(index, proc, ours, pidfd)
 
     # -- output slots ---------------------------------------------------------------------
     def take_slot(self) -> int | None:
