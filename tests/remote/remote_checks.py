@@ -149,17 +149,3 @@ def assert_mount_fetched_headers_only(log: list[dict], files: list[Path], prefix
     for path in files:
         sent = fetched(log, f"{prefix}{path.name}")
         assert sent <= header_size(path) + MiB, (path.name, sent, header_size(path))
-
-
-def _known(what: str):
-    return pytest.mark.xfail(reason=f"product, not yet fixed: {what} (notes/remotetest.md)",
-                             strict=False)
-
-
-# Failures of the product against SPEC §8 / docs/remote.md found by these tests and reported;
-# each test keeps its full check and passes again (XPASS) once the product is fixed.
-KNOWN_S3_412 = _known("S3's 412 (s3fs: 'At least one of the pre-conditions you specified did "
-                      "not hold') is retried as a transient error, not told as a new version")
-
-# Marked the tests of the product while issue 15 was landing; it has landed: a no-op now.
-needs_remote = pytest.mark.usefixtures()

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
 from tests.conftest import fuse_mounts_under, run_tensorfs
 from tests.remote.remote_checks import (
-    HF_TOKEN, KNOWN_S3_412, assert_matches_reference, doc_of,
+    HF_TOKEN, assert_matches_reference, doc_of,
     reference)
 from tests.servers import HubRepo, free_port
 
@@ -139,7 +139,6 @@ def test_an_http_object_replaced_under_a_live_mount_gives_eio(fresh_nginx, versi
     assert len(_error_lines(log)) == 1, log.read_text()
 
 
-@KNOWN_S3_412
 def test_an_s3_object_replaced_under_a_live_mount_gives_eio(s3, versions, rmount, tmp_path):
     old_path, old, new_path, new = versions
     s3.mkdir("replaced")
