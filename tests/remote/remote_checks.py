@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
-import pytest
 import numpy as np
 from safetensors import safe_open
 
