@@ -76,14 +76,16 @@ class RawView:
 # Generated content is kept in the shared LRU in blocks of this many bytes.
 GENERATED_BLOCK = 256 << 10
 # A generated file larger than the cache is read through cursors: each is its producer, left
-# where the last block it made ended, with the last WINDOW_BLOCKS blocks it made (the kernel
-# has up to its 1 MiB read-ahead plus a 1 MiB request in flight, answered in any order).  A
-# reader continues the cursor just behind it, so two readers of one file each keep their
-# own.  At most LIVE_CURSORS live at a time, the oldest dropped first: WINDOW_BLOCKS *
-# GENERATED_BLOCK * LIVE_CURSORS = 16 MiB at most outside --cache-size, besides what each
-# producer holds (the decoded value it is writing out, no more than the model holds).
-WINDOW_BLOCKS = 8
-LIVE_CURSORS = 8
+# where the last block it made ended, with the last WINDOW_BLOCKS blocks it made: the
+# kernel's read-ahead has several 1 MiB requests in flight, answered in any order by
+# libfuse's threads (seen: a request 2.5 MiB behind one already answered).  A reader
+# continues the cursor just behind it, so two readers of one file each keep their own.  At
+# most LIVE_CURSORS live at a time, the oldest dropped first: WINDOW_BLOCKS *
+# GENERATED_BLOCK * LIVE_CURSORS = 32 MiB at most outside --cache-size (before, such a file
+# was generated whole for every read), besides what each producer holds (the decoded value
+# it is writing out, no more than the model holds).
+WINDOW_BLOCKS = 32
+LIVE_CURSORS = 4
 
 _live_cursors: list = []            # (weak reference to the view, its cursor), oldest first
 _live_lock = threading.Lock()
@@ -173,6 +175,8 @@ class GeneratedView:
                 if c.index <= index and (cursor is None or c.index > cursor.index):
                     cursor = c
             if cursor is None:
+                log.debug("%s: block %d: no cursor behind it (%s)", self.key, index,
+                          [c.index for c in self._cursors])
                 cursor = self._start()
             try:
                 while True:
