@@ -2,8 +2,8 @@
 
 Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
 failure and 2 for a usage error; a traceback only with ``--debug``.  The line is escaped as a
-whole (``tensorfs.errors.printable``): whatever name it quotes, no control character reaches
-the terminal.  The daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
+whole and bounded in length (``tensorfs.errors.one_line_bounded``): whatever name it quotes,
+no control character reaches the terminal and a megabyte name makes no megabyte line.  The daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
-from tensorfs.errors import ModelError, printable
+from tensorfs.errors import ModelError, one_line_bounded, printable
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
@@ -217,7 +217,7 @@ def _remote_settings(args, cache):
 def _say_error(text: str) -> None:
     """The one error line, escaped as a whole: the last line of defence against a name
     that carries ESC or BEL to the terminal."""
-    line = "tensorfs: error: " + printable(str(text))
+    line = "tensorfs: error: " + one_line_bounded(str(text))
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

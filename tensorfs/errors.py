@@ -19,6 +19,21 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() or ch == " " else _escape_char(ch) for ch in text)
 
 
+# An error line names what it is about, and a name can be as long as the file holding it:
+# a line past this many characters keeps its start (the file, what is wrong) and its end
+# (the byte offset), and says how much of the middle it left out.
+MAX_LINE_CHARS = 4096
+
+
+def one_line_bounded(text: str, limit: int = MAX_LINE_CHARS) -> str:
+    """``text`` escaped (``printable``) and at most about ``limit`` characters long."""
+    text = printable(text)
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}...[{len(text) - 2 * keep} characters left out]...{text[-keep:]}"
+
+
 def _escape_char(ch: str) -> str:
     code = ord(ch)
     if code < 0x100:
@@ -45,7 +60,7 @@ class ModelError(Exception):
             text += f" (byte offset {self.offset})"
         if self.file is not None:
             text = f"{self.file}: {text}"
-        return printable(text)
+        return one_line_bounded(text)
 
     def __str__(self) -> str:
         return self.one_line()

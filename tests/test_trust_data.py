@@ -494,3 +494,22 @@ def test_a_sparse_gguf_claiming_a_huge_header_is_refused_before_it_is_read(tmp_p
     assert f"more than {MAX_HEADER_READ} bytes" in line, line
     assert fuse_mounts_under(tmp_path) == []
     assert _refused_peak_kib("inspect", model) < (MAX_HEADER_READ >> 10) * 3 // 2 + 150 * 1024
+
+
+@pytest.mark.parametrize("length", [5_000, 1_000_000])
+def test_an_error_about_a_huge_name_is_a_bounded_line(tmp_path, length):
+    """A refusal quotes the tensor it is about; a name as long as the file must not make a
+    line as long as the file (inspect and mount alike, control characters still escaped)."""
+    name = "\x1b[31m" + "n" * length
+    data = gc.encode_gguf(tensors=[(name, (4,), 9999, 0)], data=bytes(64))
+    model = tmp_path / "long-name.gguf"
+    model.write_bytes(data)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (("inspect", model), ("mount", model, mnt)):
+        result = run_tensorfs(*args)
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"tensorfs: error: {model}: "), lines
+        assert len(lines[0]) < 4200 and "\x1b" not in lines[0]
+        assert "unknown ggml type 9999" in lines[0] and lines[0].endswith(")")
