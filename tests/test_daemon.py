@@ -111,23 +111,33 @@ _KEEP: list[str] = []          # the mount points _reach_python made, removed wi
 
 def _reach_python() -> str:
     """Shell commands (for a private mount namespace, as root) that let any user run the
-    test's Python: a venv made by root may point into /root (0700).  The first directory on
-    the way that others cannot enter is covered with a 0755 tmpfs holding just the one
-    subdirectory on the way, bound from the original.  Nothing outside the namespace
-    changes."""
-    target = Path(os.path.realpath(sys.executable))
-    for parent in reversed(target.parents):
-        if parent != Path("/") and not os.stat(parent).st_mode & stat.S_IXOTH:
-            child = target.relative_to(parent).parts[0]
-            if not _KEEP:
-                _KEEP.append(tempfile.mkdtemp(prefix="tensorfs-keep-"))
-            keep = _KEEP[0]
-            q = shlex.quote
-            return (f"mount --bind {q(str(parent / child))} {q(keep)} && "
-                    f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))} && "
-                    f"mkdir {q(str(parent / child))} && "
-                    f"mount --bind {q(keep)} {q(str(parent / child))} && ")
-    return ""
+    test's Python, the venv's ``tensorfs`` and the code it imports: a venv or a clone made
+    by root may lie under /root (0700), and the interpreter a venv points to too.  Each
+    directory on the way that others cannot enter is covered with a 0755 tmpfs holding just
+    the subdirectories on the way, bound from the originals (outer ones first, so a deeper
+    one is covered inside what was bound back).  Nothing outside the namespace changes."""
+    repo = Path(__file__).resolve().parents[1]
+    targets = {Path(os.path.realpath(sys.executable)), Path(sys.executable), Path(sys.prefix),
+               Path(os.path.realpath(sys.prefix)), repo}
+    covers: dict[Path, set[str]] = {}
+    for target in targets:
+        for parent in reversed(target.parents):
+            if parent != Path("/") and not os.stat(parent).st_mode & stat.S_IXOTH:
+                covers.setdefault(parent, set()).add(target.relative_to(parent).parts[0])
+    q = shlex.quote
+    commands = []
+    for parent in sorted(covers, key=lambda p: len(p.parts)):
+        kept = []
+        for child in sorted(covers[parent]):
+            keep = tempfile.mkdtemp(prefix="tensorfs-keep-")
+            _KEEP.append(keep)
+            kept.append((child, keep))
+            commands.append(f"mount --bind {q(str(parent / child))} {q(keep)}")
+        commands.append(f"mount -t tmpfs -o mode=0755 tmpfs {q(str(parent))}")
+        for child, keep in kept:
+            commands.append(f"mkdir {q(str(parent / child))} && "
+                            f"mount --bind {q(keep)} {q(str(parent / child))}")
+    return "".join(f"{c} && " for c in commands)
 
 
 @pytest.fixture(scope="session")
