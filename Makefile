@@ -21,13 +21,6 @@ system-deps:
 	    || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse2t64 attr; }; \
 	fi
 	@[ -e /dev/fuse ] || { echo "/dev/fuse is missing: this machine cannot mount FUSE filesystems" >&2; exit 1; }
-	@# nginx: the remote tests run their own (tests/servers.py); its system service is never started
-	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
-	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \
-	  echo "installing nginx (for the remote tests; the service is not started) ..."; \
-	  p=/usr/sbin/policy-rc.d; made=; [ -e $$p ] || { printf '#!/bin/sh\nexit 101\n' >$$p; chmod +x $$p; made=1; }; \
-	  apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; rc=$$?; \
-	  [ -z "$$made" ] || rm -f $$p; exit $$rc; }
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +49,13 @@ test-system-deps:
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
 	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
+	@# nginx: the remote tests run their own (tests/servers.py); its system service is never started
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \
+	  echo "installing nginx (for the remote tests; the service is not started) ..."; \
+	  p=/usr/sbin/policy-rc.d; made=; [ -e $$p ] || { printf '#!/bin/sh\nexit 101\n' >$$p; chmod +x $$p; made=1; }; \
+	  apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx; rc=$$?; \
+	  [ -z "$$made" ] || rm -f $$p; exit $$rc; }
 
 venv: system-deps $(VENV)/.installed
 test-venv: system-deps test-system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
