@@ -7,7 +7,7 @@ Shared by ``tests/test_fuzz.py`` (hypothesis, in the suite) and ``fuzz/fuzz_pars
   (``header_size <= offset`` and ``offset + nbytes <= file_size``, no two overlapping, sizes
   consistent with dtype and shape), or raises the parser's own error type with a kind from
   its ``KINDS`` / ``ERROR_KINDS`` and a one-line message; nothing else escapes;
-* fed a short prefix and grown the way ``tensorfs.loader`` grows it, the parser asks only
+* fed a short prefix and grown the way ``tensorfs.modelfile`` grows it, the parser asks only
   for more bytes of the file (``NeedMoreBytes`` makes progress, never past ``file_size``)
   and ends with the same answer as on the whole buffer;
 * what a mount would build from an accepted model (names, view plans, metadata.json)

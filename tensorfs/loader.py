@@ -1,115 +1,21 @@
-"""Open what the user named and hand it to the right parser.
-
-The format is told from the bytes, never from the extension.  Only the header is read: a
-prefix of the file, grown (doubling) while the parser asks for more.
+"""Open what the user named: a path or a URL, one file or the shards of one model
+(``tensorfs.shards``), each file parsed from the source that will serve it
+(``tensorfs.modelfile``).  The top of the loading layers: nothing below imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from tensorfs.errors import ModelError
-from tensorfs.formats import NeedMoreBytes
-from tensorfs.model import Model, ModelFile
-
-# Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
-# is re-read at least as far as the parser asks and four times longer than before: a few
-# parses, their total cost dominated by the last.
-FIRST_PREFIX_BYTES = 64 << 10
-GROWTH = 4
-# The most of a file read as its header, checked before reading.  safetensors caps its own
-# at 100 MB (MAX_HEADER_SIZE); GGUF has no cap, and a sparse file can make a string or a
-# count of terabytes "fit" (an 8 GiB string in a sparse file was read whole, MemoryError).
-# The largest real GGUF headers (256k-token vocabularies with merges) are tens of MB.
-MAX_HEADER_READ = 256 << 20
-
-
-def parse_source(source) -> ModelFile:
-    """Parse and validate the model file ``source`` holds (any source: ``tensorfs.source``);
-    ``ModelError`` (with ``file`` set) if refused.  The caller keeps the source open: it is
-    the one that serves what was parsed."""
-    from tensorfs.formats import gguf, safetensors
-    from tensorfs.source import SourceError
-
-    path = source.name
-    try:
-        file_size = source.size
-        want = min(file_size, FIRST_PREFIX_BYTES)
-        prefix = source.read(0, want)
-        if gguf.looks_like_gguf(prefix):
-            parse = gguf.parse_gguf
-        elif (safetensors.looks_like_safetensors(prefix, file_size)
-              or prefix[8:4096].lstrip(b" \t\r\n")[:1] == b"{"):
-            # the second test: a JSON header whose length does not fit is a truncated
-            # safetensors file, and deserves the parser's precise error
-            parse = safetensors.parse_safetensors
-        else:
-            raise _unknown_format(prefix, file_size, path)
-        mtime = source.stat().st_mtime
-        while True:
-            try:
-                return parse(prefix, file_size, path=path, mtime=mtime)
-            except NeedMoreBytes as more:
-                if len(prefix) >= file_size:     # a parser bug: it must not ask for more than the file
-                    raise ModelError("truncated", "header runs past the end of the file",
-                                     offset=file_size, file=path) from None
-                if more.needed > MAX_HEADER_READ:
-                    raise ModelError("header_size", f"the header needs more than "
-                                     f"{MAX_HEADER_READ} bytes ({more.needed} at least), "
-                                     f"the most tensorfs reads as a header", file=path)
-                grown = GROWTH * len(prefix)
-                step = getattr(source, "prefix_step", None)
-                if step is not None:        # a remote file: no more than header + step fetched
-                    grown = min(grown, len(prefix) + step)
-                want = min(file_size, MAX_HEADER_READ, max(more.needed, grown))
-                prefix = source.read(0, want)
-    except ModelError as error:
-        if error.file is None:
-            error.file = path
-        raise
-    except SourceError as error:
-        # the file changed while it was parsed (ModelSource checks after every read), or a
-        # remote read failed: what was parsed cannot be vouched for
-        why = str(error.strerror).removeprefix(f"{path}: ")
-        raise ModelError("unreadable", f"read failed: {why}", file=path) from None
-    except OSError as error:
-        raise ModelError("unreadable", f"read failed: {error.strerror}", file=path) from None
-
-
-# What a newcomer may give instead of a model, told by its first bytes: say what it is.
-def _unknown_format(prefix: bytes, file_size: int, path: str) -> ModelError:
-    if file_size == 0:
-        return ModelError("empty", "the file is empty (0 bytes), not a safetensors or GGUF "
-                          "model", file=path)
-    if prefix.startswith(b"PK\x03\x04"):
-        what = "a zip archive (a PyTorch checkpoint, as torch.save writes?)"
-    elif prefix[:1] == b"\x80" and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        what = "a Python pickle (a PyTorch checkpoint?)"
-    else:
-        return ModelError("unknown_format",
-                          "not a safetensors or GGUF file (unrecognised first bytes)",
-                          offset=0, file=path)
-    return ModelError("pytorch", f"{what}: tensorfs reads safetensors and GGUF, not PyTorch "
-                      "pickles; convert it to safetensors first (safetensors.torch.save_file)",
-                      file=path)
-
-
-def parse_model_file(path: str) -> ModelFile:
-    """Parse and validate one local model file; ``ModelError`` (with ``file`` set) if refused."""
-    from tensorfs.source import ModelSource
-
-    source = ModelSource(path)
-    try:
-        return parse_source(source)
-    finally:
-        source.close()
+from tensorfs.model import Model
 
 
 def load_model(path: str, remote=None) -> Model:
     """The model a mount of ``path`` serves: one file, or the shards an index, a split
     GGUF's first shard or a directory stands for (``tensorfs.shards``); ``path`` may be a
-    URL, read as ``remote`` (a ``tensorfs.remote.RemoteSettings``) says.  ``Model.sources`` holds each file's source, opened once and
-    parsed from: the mount serves from them (``Model.close()`` when done)."""
+    URL, read as ``remote`` (a ``tensorfs.remote.RemoteSettings``) says.  ``Model.sources``
+    holds each file's source, opened once and parsed from: the mount serves from them
+    (``Model.close()`` when done)."""
     from tensorfs import shards
     from tensorfs.location import location_for
 

@@ -87,7 +87,7 @@ class Location:
         return source
 
     def parse(self, path: str) -> ModelFile:
-        from tensorfs.loader import parse_source
+        from tensorfs.modelfile import parse_source
 
         return parse_source(self.open(path))
 

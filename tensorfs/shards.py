@@ -1,7 +1,7 @@
 """What the user named -> the files of one model: a single file, a Hugging Face safetensors
 index, a split GGUF, or a directory holding exactly one of those (SPEC §6).
 
-Every shard is parsed and validated by ``tensorfs.loader.parse_model_file``, like a single
+Every shard is parsed and validated by ``tensorfs.modelfile.parse_source``, like a single
 file; this module only checks that the shards make one model.  Every way a set of shards is
 refused is a ``ShardError`` whose ``kind`` is a key of ``KINDS``; the CLI prints it as one
 ``tensorfs: error: FILE: …`` line.  The user's version is docs/shards-and-metadata.md.

@@ -76,7 +76,7 @@ def write_mixed_gguf(path, seed: int = 0, scale: int = 1) -> dict[str, Expected]
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    from tensorfs.loader import parse_model_file
+    from tensorfs.modelfile import parse_model_file
 
     for t in parse_model_file(str(path)).tensors:
         out[t.name].offset = t.offset

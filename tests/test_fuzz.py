@@ -167,7 +167,7 @@ def test_regression_corpus_is_not_empty_and_documented():
 def test_regression_inputs(path, tmp_path):
     data = path.read_bytes()
     fz.check_both(data, prefix=16)
-    from tensorfs.loader import parse_model_file
+    from tensorfs.modelfile import parse_model_file
 
     copy = tmp_path / path.name
     copy.write_bytes(data)

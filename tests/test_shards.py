@@ -568,7 +568,7 @@ def test_an_index_with_a_duplicate_key_is_refused(tmp_path, text, key):
 
 def test_the_shards_match_their_index_only_when_each_tensor_is_where_it_says(tmp_path):
     from tensorfs import shards
-    from tensorfs.loader import parse_model_file
+    from tensorfs.modelfile import parse_model_file
 
     index, _, weight_map = write_hf_shards(tmp_path / "hf")
     names = sorted(set(weight_map.values()))

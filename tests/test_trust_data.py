@@ -472,10 +472,10 @@ def test_a_fifo_as_an_index_in_a_directory_does_not_block(tmp_path):
 def test_a_sparse_gguf_claiming_a_huge_header_is_refused_before_it_is_read(tmp_path, claim):
     """A string (or an array) of gigabytes that a sparse file's size allows: it was read
     whole (MemoryError, or the machine's memory).  The header read is capped
-    (tensorfs.loader.MAX_HEADER_READ), checked before reading."""
+    (tensorfs.modelfile.MAX_HEADER_READ), checked before reading."""
     import struct
 
-    from tensorfs.loader import MAX_HEADER_READ
+    from tensorfs.modelfile import MAX_HEADER_READ
 
     model = tmp_path / "sparse.gguf"
     head = b"GGUF" + struct.pack("<I", 3)

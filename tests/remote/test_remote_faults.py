@@ -228,7 +228,7 @@ def many_tensors(nginx, tmp_path_factory):
         if start == data_start:
             break
         data_start = start
-    from tensorfs.loader import parse_model_file
+    from tensorfs.modelfile import parse_model_file
 
     for t in parse_model_file(str(path)).tensors:
         if t.name.endswith(".w"):
