@@ -27,6 +27,7 @@ import bisect
 import hashlib
 import os
 import stat
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -44,6 +45,8 @@ MAX_AHEAD = 16                  # blocks of read-ahead, at most
 STREAMS = 16                    # sequential readers told apart per file
 FETCH_THREADS = 32              # read-ahead requests in flight, all files together
 
+POOLED = 8                      # spare block buffers kept for reuse, at most
+
 _executor: ThreadPoolExecutor | None = None
 _executor_pid = 0
 _executor_lock = threading.Lock()
@@ -58,6 +61,50 @@ def _pool() -> ThreadPoolExecutor:
             _executor = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tensorfs-fetch")
             _executor_pid = os.getpid()
         return _executor
+
+
+class BufferPool:
+    """Block-sized ``bytearray`` buffers to receive bodies into, used again once served.
+
+    Memory the process touches for the first time costs a page fault per 4 KiB, zeroed by
+    the kernel: receiving a 256 MiB tensor into fresh 4 MiB objects cost about half of the
+    event loop thread's CPU, with the GIL held (docs/remote.md "Measured").  A buffer comes
+    back only when nothing else refers to it (``give``), so no reader ever sees its bytes
+    change."""
+
+    def __init__(self, size: int, keep: int = POOLED):
+        self.size = size
+        self.keep = keep
+        self._spare: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bytearray:
+        if n == self.size:
+            with self._lock:
+                if self._spare:
+                    return self._spare.pop()
+        return bytearray(n)
+
+    def give(self, buf) -> None:
+        """Keep ``buf`` for a later ``take`` if the caller holds the only reference to it
+        (its own, and ``getrefcount``'s argument); anything else still using it keeps it."""
+        if type(buf) is bytearray and len(buf) == self.size and sys.getrefcount(buf) <= 3:
+            with self._lock:
+                if len(self._spare) < self.keep:
+                    self._spare.append(buf)
+
+
+_pools: dict[int, BufferPool] = {}
+
+
+def buffer_pool(size: int | None = None) -> BufferPool:
+    """The pool of ``size``-byte buffers (default: ``BLOCK_SIZE``, as it is now: bench/
+    varies it)."""
+    size = BLOCK_SIZE if size is None else size
+    pool = _pools.get(size)
+    if pool is None:
+        pool = _pools.setdefault(size, BufferPool(size))
+    return pool
 
 
 class BlockReader:
@@ -80,6 +127,10 @@ class BlockReader:
         self._streams: OrderedDict[int, int] = OrderedDict()    # where a read ended -> window
         self._starts: list[int] = []    # tensor extents, sorted by start
         self._ends: list[int] = []
+        # Set for a mount (RemoteSource.start): what FUSE served is in the kernel's page cache,
+        # so a block whose every byte was served is let go at once (see _served).
+        self.page_cached = False
+        self._served: dict[int, int] = {}   # block -> bytes of it served, while page_cached
         self.requests = 0               # how many fetches were made (tests, bench)
         self.fetched_bytes = 0
         self.closed = False
@@ -101,13 +152,39 @@ class BlockReader:
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         out = memoryview(buf)
         pos = 0
+        done = []
         for index in range(first, last + 1):
             data = blocks[index]
             start = offset + pos - index * self.block
             n = min(len(data) - start, size - pos)
-            out[pos:pos + n] = memoryview(data)[start:start + n]
+            with memoryview(data) as view:
+                out[pos:pos + n] = view[start:start + n]
             pos += n
+            if self.page_cached and self._served_all(index, n):
+                done.append(index)
+        del blocks, data
+        for index in done:
+            self._let_go(index)
         return pos
+
+    def _served_all(self, index: int, n: int) -> bool:
+        """Count ``n`` more bytes of block ``index`` served: True once it is all served."""
+        with self._lock:
+            served = self._served.get(index, 0) + n
+            if served < self._block_len(index):
+                self._served[index] = served
+                return False
+            self._served.pop(index, None)
+            return True
+
+    def _let_go(self, index: int) -> None:
+        """A block FUSE has served in full leaves the memory cache: the kernel's page cache
+        holds its bytes now, and its buffer receives a later block (``BufferPool``) unless
+        someone else still holds it.  A block read again (the kernel dropped its pages,
+        another tensor in the same block) is fetched again, never served wrong."""
+        data = self.memory.pop((self.key, index))
+        if data is not None:
+            buffer_pool(self.block).give(data)
 
     def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
         i = bisect.bisect_right(self._starts, offset) - 1

@@ -66,6 +66,12 @@ class ByteLRU:
             if len(value) <= self.max_bytes:
                 self._lru[key] = value
 
+    def pop(self, key: Hashable):
+        """Forget ``key`` and return its value, or None (a remote block the kernel's page
+        cache now holds: tensorfs.blockcache)."""
+        with self._mutex:
+            return self._lru.pop(key, None)
+
     def peek(self, key: Hashable) -> bool:
         with self._mutex:
             return key in self._lru or key in self._in_flight

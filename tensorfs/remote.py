@@ -386,7 +386,10 @@ class HttpTransport(FsspecTransport):
             if etag and got != etag:
                 raise FetchError("version", f"the file changed: ETag {got} is not {etag}, the "
                                  f"one pinned at mount")
-            data = await r.read()
+            if probe:
+                data = await r.read()
+            else:
+                data = await _body_into(r.content, end - start)
             return total, got, data, r.headers.get("Last-Modified")
 
     def _hint(self, response) -> str:
@@ -448,6 +451,25 @@ class HttpTransport(FsspecTransport):
 
     def files(self, directory):
         return super().files(directory.rstrip("/") + "/")
+
+
+async def _body_into(content, size: int) -> bytearray:
+    """The body, ``size`` bytes, received into a buffer of the block cache's pool rather
+    than joined into a new object: no fresh memory to fault in per block, and a shorter
+    hold of the GIL by the event loop thread (docs/remote.md "Measured")."""
+    buf = blockcache.buffer_pool().take(size)
+    pos = 0
+    with memoryview(buf) as view:
+        async for chunk in content.iter_any():
+            n = len(chunk)
+            if pos + n > size:
+                raise FetchError("http", f"the server sent more than the {size} bytes asked for",
+                                 transient=True)
+            view[pos:pos + n] = chunk
+            pos += n
+    if pos != size:
+        raise FetchError("http", f"short read: {pos} of {size} bytes", transient=True)
+    return buf
 
 
 def _http_options(options: dict) -> dict:
@@ -832,6 +854,7 @@ class RemoteSource:
 
     def start(self) -> None:
         self.transport.reopen()
+        self.blocks.page_cached = True      # start() is the mount's: reads go through FUSE
 
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""
