@@ -109,7 +109,7 @@ def big_model(b: RemoteBench) -> tuple[Path, int, int]:
         rng = np.random.default_rng(1)
         save_file({"big.weight": rng.integers(0, 255, size, dtype=np.uint8),
                    "small.weight": np.arange(16, dtype=np.float32)}, str(path))
-    from tensorfs.loader import parse_model_file
+    from tensorfs.modelfile import parse_model_file
 
     t = next(t for t in parse_model_file(str(path)).tensors if t.name == "big.weight")
     return path, t.offset, t.nbytes
