@@ -86,12 +86,27 @@ class BufferPool:
         return bytearray(n)
 
     def give(self, buf) -> None:
-        """Keep ``buf`` for a later ``take`` if the caller holds the only reference to it
-        (its own, and ``getrefcount``'s argument); anything else still using it keeps it."""
-        if type(buf) is bytearray and len(buf) == self.size and sys.getrefcount(buf) <= 3:
+        """Keep ``buf`` for a later ``take`` if the caller's local variable is the only
+        reference to it; anything else still using it keeps it."""
+        if (type(buf) is bytearray and len(buf) == self.size
+                and sys.getrefcount(buf) <= _ONLY_THE_CALLERS):
             with self._lock:
                 if len(self._spare) < self.keep:
                     self._spare.append(buf)
+
+
+def _refs_seen_by_give() -> int:
+    """What ``give`` counts for a buffer only its caller's local variable refers to,
+    measured the way ``give`` measures (not assumed: 3.14 counts borrowed references
+    differently, and a count too high would hand out a buffer someone still reads)."""
+    def count(buf):
+        return sys.getrefcount(buf)
+
+    local = bytearray(0)
+    return count(local)
+
+
+_ONLY_THE_CALLERS = _refs_seen_by_give()
 
 
 _pools: dict[int, BufferPool] = {}

@@ -259,3 +259,47 @@ def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
         assert len(model.metadata["tokenizer.ggml.tokens"].value()) == 300_000
     finally:
         model.close()
+
+
+def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(server, tmp_path):
+    """A mount (``start``) lets a block go once FUSE served all of it, and reuses its buffer
+    for a later block, unless someone still holds it: bytes read stay the file's bytes."""
+    from tensorfs import blockcache
+    from tensorfs.cache import ByteLRU
+
+    nginx, local = server
+    # a small cache: one block of read-ahead, so blocks are received after the held one
+    model, source, tensors = _open(nginx, tmp_path, cache=ByteLRU(16 * MiB))
+    data = local.read_bytes()
+    block = blockcache.BLOCK_SIZE
+    try:
+        source.start()                          # what the mounted daemon does
+        big = tensors["big"]
+        index = big.offset // block + 1         # a block wholly inside the tensor
+        source.read(index * block, 1)           # fetched and kept...
+        held = source.blocks.memory.lookup((source.blocks.key, index))
+        assert held is not None
+        for pos in range(big.offset, big.offset + big.nbytes, MiB):
+            n = min(MiB, big.offset + big.nbytes - pos)
+            assert source.read(pos, n) == data[pos:pos + n]
+        # ...still the block's bytes after every later block was received
+        assert bytes(held) == data[index * block:(index + 1) * block]
+        # served in full: no longer in memory (the kernel's page cache has them)
+        inner = range(big.offset // block + 1, (big.offset + big.nbytes) // block)
+        assert all(source.blocks.memory.lookup((source.blocks.key, i)) is None for i in inner)
+    finally:
+        model.close()
+
+
+def test_a_buffer_goes_back_to_the_pool_only_when_nobody_else_holds_it():
+    from tensorfs.blockcache import BufferPool
+
+    pool = BufferPool(16)
+    kept_elsewhere = bytearray(16)
+    others = [kept_elsewhere]
+    pool.give(kept_elsewhere)
+    assert pool.take(16) is not kept_elsewhere
+    free = bytearray(16)
+    pool.give(free)
+    assert pool.take(16) is free
+    assert others
