@@ -143,6 +143,23 @@ def _connection_error(error: BaseException) -> FetchError:
     return FetchError("unreachable", f"connection failed: {text}", transient=True)
 
 
+def _os_error(error: OSError) -> FetchError:
+    """What a filesystem's own error says (fsspec raises the builtin kinds)."""
+    if isinstance(error, FileNotFoundError):
+        return FetchError("not_found", "not found")
+    if isinstance(error, PermissionError):
+        return FetchError("denied", f"access denied ({error})")
+    return FetchError("http", str(error) or type(error).__name__, transient=True)
+
+
+def _exact(data: bytes, start: int, end: int) -> bytes:
+    """``data`` if it is all of ``[start, end)``; a short answer is worth another try."""
+    if len(data) != end - start:
+        raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
+                         transient=True)
+    return data
+
+
 # ---------------------------------------------------------------------------------------
 # Transports
 # ---------------------------------------------------------------------------------------
@@ -245,12 +262,37 @@ class FsspecTransport(Transport):
             return future.result(timeout=timeout)
         except TimeoutError:
             raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
-        except FileNotFoundError:
-            raise FetchError("not_found", "not found") from None
-        except PermissionError as error:
-            raise FetchError("denied", f"access denied ({error})") from None
-        except (ConnectionError, OSError) as error:
-            raise FetchError("http", str(error) or type(error).__name__, transient=True) from None
+        except OSError as error:
+            raise _os_error(error) from None
+
+    def _on_loop(self, coro, timeout: float):
+        """Run ``coro`` on the filesystem's event loop (an async fsspec filesystem's),
+        bounded by ``timeout`` and ended by ``abort``; what it raises is classified by
+        ``_request_error``."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout),
+                                                      self.fs.loop)
+        except RuntimeError as error:       # the loop is gone (after close)
+            coro.close()
+            raise FetchError("unreachable", str(error)) from None
+        self._track(future)
+        try:
+            return future.result(timeout + 1)
+        except FetchError:
+            raise
+        except (asyncio.TimeoutError, TimeoutError):
+            future.cancel()
+            raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
+        except CancelledError:
+            raise FetchError("closing", "the mount is closing") from None
+        except Exception as error:
+            raise self._request_error(error) from None
+        finally:
+            self._untrack(future)
+
+    def _request_error(self, error: Exception) -> Exception:
+        """The FetchError a failed request on the loop stands for (or ``error`` itself)."""
+        return _os_error(error) if isinstance(error, OSError) else error
 
     def _info(self, path: str, timeout: float) -> dict:
         return self._call(self.fs.info, self._path(path), timeout=timeout)
@@ -268,12 +310,8 @@ class FsspecTransport(Transport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        data = self._call(self.fs.cat_file, self._path(path), start=start, end=end,
-                          timeout=timeout)
-        if len(data) != end - start:
-            raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
-                             transient=True)
-        return data
+        return _exact(self._call(self.fs.cat_file, self._path(path), start=start, end=end,
+                                 timeout=timeout), start, end)
 
     def kind(self, path):
         try:
@@ -395,38 +433,19 @@ class HttpTransport(FsspecTransport):
     def _hint(self, response) -> str:
         return self.hint_401
 
-    def _run(self, coro, timeout: float):
-        try:
-            future = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout),
-                                                      self.fs.loop)
-        except RuntimeError as error:       # the loop is gone (after close)
-            coro.close()
-            raise FetchError("unreachable", str(error)) from None
-        self._track(future)
-        try:
-            return future.result(timeout + 1)
-        except FetchError:
-            raise
-        except (asyncio.TimeoutError, TimeoutError):
-            future.cancel()
-            raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
-        except CancelledError:
-            raise FetchError("closing", "the mount is closing") from None
-        except Exception as error:
-            import aiohttp
+    def _request_error(self, error):
+        import aiohttp
 
-            if isinstance(error, aiohttp.ClientResponseError):
-                raise _status_error(error.status) from None
-            if isinstance(error, (aiohttp.ClientError, ConnectionError, OSError)):
-                raise _connection_error(error) from None
-            raise
-        finally:
-            self._untrack(future)
+        if isinstance(error, aiohttp.ClientResponseError):
+            return _status_error(error.status)
+        if isinstance(error, (aiohttp.ClientError, ConnectionError, OSError)):
+            return _connection_error(error)
+        return error
 
     def probe(self, path, deadline):
         from email.utils import parsedate_to_datetime
 
-        total, etag, data, modified = self._run(
+        total, etag, data, modified = self._on_loop(
             self._get(self.real(path), 0, PROBE_BYTES, None, True),
             max(0.1, deadline - time.monotonic()))
         if total is None:
@@ -441,13 +460,10 @@ class HttpTransport(FsspecTransport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        _, _, data, _ = self._run(self._get(self.real(path), start, end,
-                                            version if self.etag_checked else None, False),
-                                  timeout)
-        if len(data) != end - start:
-            raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
-                             transient=True)
-        return data
+        _, _, data, _ = self._on_loop(self._get(self.real(path), start, end,
+                                                version if self.etag_checked else None, False),
+                                      timeout)
+        return _exact(data, start, end)
 
     def files(self, directory):
         return super().files(directory.rstrip("/") + "/")
@@ -619,9 +635,6 @@ class S3Transport(FsspecTransport):
 
     etag_checked = True
 
-    def _connect(self) -> None:
-        super()._connect()
-
     def probe(self, path, deadline):
         info = self._info(path, max(0.1, deadline - time.monotonic()))
         if info.get("type") == "directory":
@@ -658,33 +671,15 @@ class S3Transport(FsspecTransport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        future = self._track(asyncio.run_coroutine_threadsafe(
-            asyncio.wait_for(self._get(path, start, end), timeout), self.fs.loop))
-        try:
-            data = future.result(timeout + 1)
-        except FetchError:
-            raise
-        except CancelledError:
-            raise FetchError("closing", "the mount is closing") from None
-        except (asyncio.TimeoutError, TimeoutError):
-            future.cancel()
-            raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
-        except FileNotFoundError:
-            raise FetchError("not_found", "not found") from None
-        except PermissionError as error:
-            raise FetchError("denied", f"access denied ({error})") from None
-        except OSError as error:
-            if _precondition_failed(error):
-                raise FetchError("version", "the object changed: its ETag is no longer the "
-                                 "one pinned at mount (PreconditionFailed)") from None
-            raise FetchError("http", str(error) or type(error).__name__,
-                             transient=True) from None
-        finally:
-            self._untrack(future)
-        if len(data) != end - start:
-            raise FetchError("http", f"short read: {len(data)} of {end - start} bytes",
-                             transient=True)
-        return data
+        return _exact(self._on_loop(self._get(path, start, end), timeout), start, end)
+
+    def _request_error(self, error):
+        if (isinstance(error, OSError) and not isinstance(error, (FileNotFoundError,
+                                                                   PermissionError))
+                and _precondition_failed(error)):
+            return FetchError("version", "the object changed: its ETag is no longer the one "
+                              "pinned at mount (PreconditionFailed)")
+        return super()._request_error(error)
 
 
 def _precondition_failed(error: BaseException) -> bool:
