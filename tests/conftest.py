@@ -51,15 +51,21 @@ def fuse_mounts_under(path: Path) -> list[str]:
     return found
 
 
-@pytest.fixture
-def mount(tmp_path):
-    """mount(model, *options) -> mount point; everything mounted is unmounted afterwards."""
+def mounts_in(directory: Path, prefix: str = "mnt", base_env: dict | None = None):
+    """A generator for a fixture: yields mount(model, *options, env=None, name=None) ->
+    mount point under ``directory``, mounted by the real command (``base_env`` updated by
+    ``env``, a None value removing a variable); after the test, everything it mounted is
+    unmounted with the real command too, and a failed unmount fails the test."""
     mounted: list[Path] = []
 
-    def _mount(model, *options, name: str | None = None) -> Path:
-        mnt = tmp_path / (name or f"mnt{len(mounted)}")
+    def _mount(model, *options, env: dict | None = None, name: str | None = None) -> Path:
+        mnt = directory / (name or f"{prefix}{len(mounted)}")
         mnt.mkdir()
-        result = run_tensorfs("mount", model, mnt, *options)
+        full = None
+        if base_env is not None or env is not None:
+            full = {k: v for k, v in {**(os.environ if base_env is None else base_env),
+                                      **(env or {})}.items() if v is not None}
+        result = run_tensorfs("mount", model, mnt, *options, env=full)
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
         mounted.append(mnt)
@@ -67,8 +73,15 @@ def mount(tmp_path):
 
     yield _mount
     for mnt in mounted:
-        result = run_tensorfs("unmount", mnt)
+        result = run_tensorfs("unmount", mnt, env=base_env)
         if result.returncode != 0 and fuse_mounts_under(mnt):
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
             pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
+    assert [m for m in mounted if fuse_mounts_under(m)] == []
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(model, *options) -> mount point; everything mounted is unmounted afterwards."""
+    yield from mounts_in(tmp_path)
     assert fuse_mounts_under(tmp_path) == []

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.conftest import mounts_in
 
 pytest.register_assert_rewrite("tests.remote.remote_checks")
 from tests.remote.remote_checks import HF_TOKEN, Corpus, Model
@@ -195,22 +194,4 @@ def rmount(tmp_path, remote_env, mount):       # after `mount`: torn down before
     """rmount(url, *options, env=None, name=None) -> mount point, mounted by the real command
     with ``remote_env`` updated by ``env`` (None: removed); everything mounted is unmounted
     afterwards."""
-    mounted: list[Path] = []
-
-    def _mount(url: str, *options, env: dict | None = None, name: str | None = None) -> Path:
-        mnt = tmp_path / (name or f"rmnt{len(mounted)}")
-        mnt.mkdir()
-        full = {k: v for k, v in {**remote_env, **(env or {})}.items() if v is not None}
-        result = run_tensorfs("mount", url, mnt, *options, env=full)
-        assert result.returncode == 0, result.stderr
-        assert result.stderr == ""
-        mounted.append(mnt)
-        return mnt
-
-    yield _mount
-    for mnt in mounted:
-        result = run_tensorfs("unmount", mnt, env=remote_env)
-        if result.returncode != 0 and fuse_mounts_under(mnt):
-            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
-            pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
-    assert [m for m in mounted if fuse_mounts_under(m)] == []
+    yield from mounts_in(tmp_path, "rmnt", remote_env)
