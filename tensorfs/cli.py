@@ -404,18 +404,17 @@ def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> None:
 
 
 def shown_source(source: str) -> str:
-    """The source as ``list`` shows it: a URL without its credentials (user:password@, a
-    query string that may hold a signed token)."""
-    from urllib.parse import urlsplit, urlunsplit
+    """The source as ``list`` shows it: a path made absolute, or a URL without its
+    credentials (``location.display_url``), "?…" standing for a query string that may hold
+    a signed token."""
+    from urllib.parse import urlsplit
+
+    from tensorfs.location import display_url
 
     if "://" not in source:
         return os.path.abspath(source)
     try:
-        parts = urlsplit(source)
-        host = parts.hostname or ""
-        if parts.port:
-            host += f":{parts.port}"
-        return urlunsplit((parts.scheme, host, parts.path, "…" if parts.query else "", ""))
+        return display_url(source) + ("?…" if urlsplit(source).query else "")
     except ValueError:
         return source.split("://", 1)[0] + "://…"
 

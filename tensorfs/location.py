@@ -14,12 +14,20 @@ import dataclasses
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
+
+
+def display_url(url: str) -> str:
+    """``url`` without ``user:password@``, ``?query`` or ``#fragment``."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def is_url(text: str) -> bool:

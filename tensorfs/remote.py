@@ -30,7 +30,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from tensorfs import blockcache
 from tensorfs.blockcache import BlockReader, DiskCache
 from tensorfs.errors import ModelError
-from tensorfs.location import DIRECTORY, FILE, Location
+from tensorfs.location import DIRECTORY, FILE, Location, display_url
 from tensorfs.source import SourceError
 
 log = logging.getLogger("tensorfs")
@@ -54,13 +54,6 @@ class RemoteSettings:
 # ---------------------------------------------------------------------------------------
 # URLs as shown
 # ---------------------------------------------------------------------------------------
-
-def display_url(url: str) -> str:
-    """``url`` without ``user:password@``, ``?query`` or ``#fragment``."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
 
 def url_secrets(url: str) -> list[str]:
     """The parts of ``url`` that may be credentials: a password, a query (a signature)."""
