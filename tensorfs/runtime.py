@@ -23,14 +23,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 
 
 class RuntimeDirError(Exception):
     """No safe place for the runtime files: said in one line by the CLI."""
 
 
-def _unsafe(st: os.stat_result, uid: int) -> str | None:
-    """Why a directory with this lstat cannot hold uid's runtime files, or None."""
+def unsafe_directory(st: os.stat_result, uid: int) -> str | None:
+    """Why a directory with this lstat cannot hold uid's private files (runtime files, the
+    disk cache's blocks), or None."""
     if stat.S_ISLNK(st.st_mode):
         return "it is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
@@ -50,7 +52,7 @@ def _private_dir(path: str, uid: int) -> str:
     except OSError as error:
         raise RuntimeDirError(f"{path}: cannot create the runtime directory: "
                               f"{error.strerror}") from None
-    why = _unsafe(os.lstat(path), uid)
+    why = unsafe_directory(os.lstat(path), uid)
     if why is not None:
         raise RuntimeDirError(f"{path}: refused as the runtime directory: {why} (remove it, "
                               "or set XDG_RUNTIME_DIR to a directory only you can write)")
@@ -62,7 +64,7 @@ def runtime_dir() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isabs(base):
         try:
-            trusted = _unsafe(os.lstat(base), uid) is None
+            trusted = unsafe_directory(os.lstat(base), uid) is None
         except OSError:
             trusted = False
         if trusted:
@@ -86,9 +88,9 @@ def known_dirs() -> list[str]:
     found = []
     for parent, path in candidates:
         try:
-            if parent is not None and _unsafe(os.lstat(parent), uid) is not None:
+            if parent is not None and unsafe_directory(os.lstat(parent), uid) is not None:
                 continue
-            if _unsafe(os.lstat(path), uid) is None:
+            if unsafe_directory(os.lstat(path), uid) is None:
                 found.append(path)
         except OSError:
             continue
@@ -100,7 +102,7 @@ def open_runtime_dir() -> tuple[str, int]:
     what is opened is what was checked, whatever happens to the path afterwards."""
     path = runtime_dir()
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    why = _unsafe(os.fstat(fd), os.geteuid())
+    why = unsafe_directory(os.fstat(fd), os.geteuid())
     if why is not None:
         os.close(fd)
         raise RuntimeDirError(f"{path}: refused as the runtime directory: {why}")
@@ -108,10 +110,10 @@ def open_runtime_dir() -> tuple[str, int]:
 
 
 def write_file(dir_fd: int, name: str, data: bytes) -> None:
-    """Replace ``name`` in the runtime directory with ``data``, whole or not at all: written
-    to a fresh name (``O_EXCL | O_NOFOLLOW``), renamed over.  A failure (ENOSPC) leaves no
-    temporary file behind."""
-    tmp = f".{name}.{os.getpid()}.tmp"
+    """Replace ``name`` in the directory ``dir_fd`` with ``data``, whole or not at all:
+    written to a fresh name (``O_EXCL | O_NOFOLLOW``, one per thread), renamed over.  A
+    failure (ENOSPC) leaves no temporary file behind."""
+    tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
     try:
