@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import stat
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,6 +23,42 @@ from tensorfs.model import Model, ModelFile
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
+
+
+# Why a name a model's files give for a sibling file is refused (``name_problem``).
+MAX_NAME_BYTES = 255            # NAME_MAX: no file system holds a longer name
+_PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a plain file name in its directory, or None when it is one.
+
+    One rule for every place (a local directory, an HTTP prefix, an S3 prefix, a Hub repo),
+    since an index or a split GGUF moves from one to another: a sibling named by a model's
+    own files, or listed by a directory, must name the same file in the same directory
+    everywhere.  So what any transport or server would decode or normalize is refused
+    before it is decoded: a percent-escape (``%2F``, ``%252F``: servers decode one or two
+    levels), a backslash (a separator to some servers), a character that Unicode
+    compatibility folds into ``/``, ``\\`` or ``.`` (a fullwidth solidus), a control or
+    other non-printable character, ``.`` and ``..``, an empty or over-long name.  Real
+    Hugging Face and llama.cpp shard names (``model-00001-of-00002.safetensors``) pass.
+    """
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    if name in (".", ".."):
+        return "a name that is not a file in the directory"
+    if not name.isprintable():
+        return "a name with a control or non-printable character"
+    folded = unicodedata.normalize("NFKC", name)
+    if "/" in folded or "\\" in folded:
+        return "a name with a path separator"
+    if folded in (".", ".."):
+        return "a name that is not a file in the directory"
+    if _PERCENT_ESCAPE.search(name):
+        return "a name with a percent-escape (servers decode it, to another file)"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"a name longer than {MAX_NAME_BYTES} bytes"
+    return None
 
 
 def display_url(url: str) -> str:
@@ -81,11 +119,32 @@ class Location:
     def isdir(self, path: str) -> bool:
         return self.kind(path) == DIRECTORY
 
+    def each(self, fn, items: list) -> list:
+        """``[fn(item) for item in items]``, at most ``parallel`` at a time (the bound on
+        requests in flight, and on shards' bytes held at once, while a model loads); the
+        first error in the order of ``items`` is the one raised."""
+        if self.parallel > 1 and len(items) > 1:
+            with ThreadPoolExecutor(min(self.parallel, len(items))) as pool:
+                futures = [pool.submit(fn, item) for item in items]
+                return [f.result() for f in futures]
+        return [fn(item) for item in items]
+
     def kinds(self, paths: list[str]) -> list[str | None]:
-        if self.parallel > 1 and len(paths) > 1:
-            with ThreadPoolExecutor(min(self.parallel, len(paths))) as pool:
-                return list(pool.map(self.kind, paths))
-        return [self.kind(p) for p in paths]
+        return self.each(self.kind, paths)
+
+    def sibling(self, directory: str, name: str) -> str:
+        """The path of the file ``name`` in ``directory``; ``ValueError`` saying why when
+        ``name`` is not a plain file name there (``name_problem``): nothing outside the
+        directory is ever opened through a name a model or a listing gave."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise ValueError(problem)
+        return self.join(directory, name)
+
+    def listed(self, directory: str) -> list[str]:
+        """``files(directory)`` without the names that are not plain file names there (a
+        listing is the server's word, read like a model's)."""
+        return [n for n in self.files(directory) if name_problem(n) is None]
 
     def open(self, path: str):
         """The source of ``path`` (kept until ``attach`` or ``close_all``)."""
@@ -95,18 +154,35 @@ class Location:
         return source
 
     def parse(self, path: str) -> ModelFile:
+        """``path`` parsed from its source; a source that kept the bytes it read for the
+        parse (a remote file's first answer) lets them go at once: what a shard costs
+        until the mount ends is its parsed header, not its bytes."""
         from tensorfs.modelfile import parse_source
 
-        return parse_source(self.open(path))
+        source = self.open(path)
+        model_file = parse_source(source)
+        end_parse = getattr(source, "end_parse", None)
+        if end_parse is not None:
+            end_parse([(t.offset, t.nbytes) for t in model_file.tensors])
+        return model_file
 
     def parse_all(self, paths: list[str]) -> list[ModelFile]:
         """Every path parsed (concurrently where the place is remote); the first error in
         the order of ``paths`` is the one raised."""
-        if self.parallel > 1 and len(paths) > 1:
-            with ThreadPoolExecutor(min(self.parallel, len(paths))) as pool:
-                futures = [pool.submit(self.parse, p) for p in paths]
-                return [f.result() for f in futures]
-        return [self.parse(p) for p in paths]
+        return self.each(self.parse, paths)
+
+    def kind_and_parse(self, path: str) -> tuple[str | None, ModelFile | Exception | None]:
+        """(kind, the parsed file or why it was refused; None when not a regular file):
+        one shard's whole load in one step, so that a remote shard's first answer (which
+        ``kind`` gets) is parsed and let go at once rather than held until every shard
+        has answered."""
+        kind = self.kind(path)
+        if kind != FILE:
+            return kind, None
+        try:
+            return kind, self.parse(path)
+        except ModelError as error:
+            return kind, error
 
     def read_all(self, path: str, limit: int) -> bytes | None:
         """A whole (small) file: an index.  None, before any byte is read, when it is larger

@@ -847,6 +847,7 @@ class RemoteSource:
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""
         self._parsing = False
+        self._head = bytearray()    # parsed: not kept per shard (reads go through the cache)
         self.blocks.set_extents(extents)
 
     def read(self, offset: int, size: int) -> bytes:

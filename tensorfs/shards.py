@@ -49,7 +49,7 @@ from operator import itemgetter
 from typing import Iterable
 
 from tensorfs.errors import ModelError, ShardError
-from tensorfs.location import DIRECTORY, FILE, LocalLocation, Location
+from tensorfs.location import DIRECTORY, FILE, LocalLocation, Location, name_problem
 from tensorfs.model import MetadataValue, Model, ModelFile, TensorInfo
 
 # ---------------------------------------------------------------------------------------
@@ -61,7 +61,10 @@ KINDS: dict[str, str] = {
     "index_json":       "an index that is not UTF-8 JSON, has a duplicate key, or is not "
                         "{\"weight_map\": {tensor: file}, \"metadata\": {...} | null}",
     "empty_index":      "an index whose weight_map names no tensor",
-    "shard_path":       "an index naming a shard that is not a plain file name in its directory",
+    "shard_path":       "an index (or a split GGUF's first shard) naming a shard that is not a "
+                        "plain file name in its directory: empty, . or .., a / or \\, a "
+                        "percent-escape, a control character (location.name_problem)",
+    "too_many_shards":  "an index or split GGUF naming more than MAX_SHARDS shards",
     "missing_shard":    "a shard file (named by an index, or by a split GGUF's count) that does not exist",
     "shard_kind":       "a shard name that names a directory or another non-regular file",
     "shard_format":     "a shard in another format than its set (a GGUF named by an index ...)",
@@ -86,6 +89,11 @@ SHARD_SAFETENSORS_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors", re.S)
 INDEX_SUFFIX = ".safetensors.index.json"
 MODEL_SUFFIXES = (".safetensors", ".gguf")
 LISTED_CANDIDATES = 5           # how many names a "several models" error lists
+# The most shards one model may have.  The largest real sets have a few hundred (DeepSeek-V3:
+# 163, Llama-3.1-405B: 191); each shard costs an open file (a descriptor, or a connection's
+# share) and its parsed header for the life of the mount, so a hostile index naming a
+# hundred thousand small files is refused before any of them is opened.
+MAX_SHARDS = 4096
 
 
 def _error(kind: str, message: str, file: str, *, name: str | None = None,
@@ -146,14 +154,18 @@ def _looks_like_index(path: str, loc: Location) -> bool:
 def _load_directory(directory: str, loc: Location) -> Model:
     candidates = directory_candidates(directory, loc)
     if not candidates:
+        odd = [n for n in loc.files(directory)
+               if n.endswith(MODEL_SUFFIXES + (INDEX_SUFFIX,)) and name_problem(n) is not None]
+        left_out = (f" ({len(odd)} left out, whose name is not a plain file name: "
+                    f"{_quote(odd[0])} is {name_problem(odd[0])})") if odd else ""
         raise _error("no_model", "directory holds no *.safetensors.index.json, *.safetensors "
-                     "or *.gguf file", directory)
+                     f"or *.gguf file{left_out}", directory)
     if len(candidates) > 1:
         shown = ", ".join(candidates[:LISTED_CANDIDATES])
         more = f" and {len(candidates) - LISTED_CANDIDATES} more" if len(candidates) > LISTED_CANDIDATES else ""
         raise _error("several_models", f"directory holds {len(candidates)} models ({shown}{more}): "
                      f"name one of them instead", directory)
-    path = loc.join(directory, candidates[0])
+    path = _sibling(loc, directory, candidates[0], directory)
     if loc.kind(path) is None:      # a split set whose first shard is missing
         raise _error("missing_shard", f"first shard {_quote(candidates[0])} of a split GGUF "
                      f"is missing", directory)
@@ -167,11 +179,11 @@ def _load_directory(directory: str, loc: Location) -> Model:
 def directory_candidates(directory: str, loc: Location | None = None) -> list[str]:
     """File names in ``directory`` that could each be given as the model, sorted."""
     loc = loc or LocalLocation()
-    names = loc.files(directory)
+    names = loc.listed(directory)
     covered: set[str] = set()
     indexes = [n for n in names if n.endswith(INDEX_SUFFIX)]
     for index in indexes:
-        covered.update(_index_shard_names_quietly(loc.join(directory, index), loc))
+        covered.update(_index_shard_names_quietly(loc.sibling(directory, index), loc))
     split_firsts = set()
     for name in names:
         match = SPLIT_GGUF_NAME.fullmatch(name)
@@ -339,8 +351,22 @@ def json_metadata_value(value) -> MetadataValue:
     return MetadataValue(kind, lambda: value, len(value) if kind == "array" else None)
 
 
-def _plain_shard_name(name: str) -> bool:
-    return name not in ("", ".", "..") and "/" not in name and "\0" not in name
+def _sibling(loc: Location, directory: str, name: str, file: str, *,
+             tensor: str | None = None) -> str:
+    """The path of shard ``name`` beside ``file``, or the one ``shard_path`` line saying why
+    the name is refused (``location.name_problem``: the one rule for every transport)."""
+    try:
+        return loc.sibling(directory, name)
+    except ValueError as why:
+        named = f" (for tensor {_quote(tensor)})" if tensor is not None else ""
+        raise _error("shard_path", f"shard {_quote(name)}{named} is {why}: a shard must be a "
+                     "plain file name in the same directory", file, name=tensor) from None
+
+
+def _check_shard_count(count: int, file: str) -> None:
+    if count > MAX_SHARDS:
+        raise _error("too_many_shards", f"{count} shards: at most {MAX_SHARDS} are mounted "
+                     "(docs/shards-and-metadata.md)", file)
 
 
 def _load_index(path: str, source: str, loc: Location) -> Model:
@@ -348,16 +374,16 @@ def _load_index(path: str, source: str, loc: Location) -> Model:
     if not weight_map:
         raise _error("empty_index", "index \"weight_map\" names no tensor", path)
     shard_names = sorted(set(weight_map.values()))
-    for name in shard_names:
-        if not _plain_shard_name(name):
-            tensor = next(t for t, s in weight_map.items() if s == name)
-            raise _error("shard_path", f"index names shard {_quote(name)} (for tensor "
-                         f"{_quote(tensor)}): a shard must be a plain file name in the index's "
-                         f"directory", path, name=tensor)
+    _check_shard_count(len(shard_names), path)
     directory = loc.dirname(path)
-    shard_paths = [loc.join(directory, name) for name in shard_names]
-    _check_present(shard_names, shard_paths, path, "named by the index", loc)
-    files = loc.parse_all(shard_paths)
+    shard_paths = []
+    for name in shard_names:
+        if name_problem(name) is not None:
+            tensor = next(t for t, s in weight_map.items() if s == name)
+            shard_paths.append(_sibling(loc, directory, name, path, tensor=tensor))
+        else:
+            shard_paths.append(loc.sibling(directory, name))
+    files = _present_and_parsed(shard_names, shard_paths, path, "named by the index", loc)
     for shard_path, model_file in zip(shard_paths, files):
         if model_file.format != "safetensors":
             raise _error("shard_format", f"shard {_quote(loc.basename(shard_path))} is "
@@ -377,9 +403,20 @@ def _load_index(path: str, source: str, loc: Location) -> Model:
                  {key: json_metadata_value(value) for key, value in metadata.items()}, source)
 
 
-def _check_present(names: list[str], paths: list[str], file: str, named_by: str,
-                   loc: Location) -> None:
-    kinds = loc.kinds(paths)
+def _present_and_parsed(names: list[str], paths: list[str], file: str, named_by: str,
+                        loc: Location) -> list[ModelFile]:
+    """Each shard parsed; a missing one, then one that is not a regular file, then the
+    first that was refused (in the order of ``paths``) is the error."""
+    loaded = loc.each(loc.kind_and_parse, paths)
+    _check_present(names, [kind for kind, _ in loaded], file, named_by)
+    for _, parsed in loaded:
+        if isinstance(parsed, Exception):
+            raise parsed
+    return [parsed for _, parsed in loaded]
+
+
+def _check_present(names: list[str], kinds: list[str | None], file: str,
+                   named_by: str) -> None:
     missing = [n for n, k in zip(names, kinds) if k is None]
     if missing:
         also = f" ({len(missing)} of {len(names)} shards missing)" if len(missing) > 1 else ""
@@ -487,12 +524,14 @@ def _load_split_gguf(first: ModelFile, split: tuple[int, int, int | None], sourc
     if not match or base != split_shard_name(match["prefix"], 1, count):
         raise _error("split_name", f"split GGUF with split.count {count} must be named "
                      f"PREFIX-00001-of-{count:05d}.gguf to find its other shards", given)
+    _check_shard_count(count, given)
     directory = loc.dirname(given)
     names = [split_shard_name(match["prefix"], i, count) for i in range(1, count + 1)]
-    paths = [given] + [loc.join(directory, n) for n in names[1:]]
-    _check_present(names, paths, given, f"(one of the {count} that split.count names)", loc)
+    paths = [given] + [_sibling(loc, directory, n, given) for n in names[1:]]
     files = [first]
-    for i, shard in enumerate(loc.parse_all(paths[1:]), start=1):
+    parsed = _present_and_parsed(names[1:], paths[1:], given,
+                                 f"(one of the {count} that split.count names)", loc)
+    for i, shard in enumerate(parsed, start=1):
         if shard.format != "gguf":
             raise _error("shard_format", f"shard {_quote(names[i])} is {shard.format}, not GGUF", given)
         keys = _split_keys(shard)
