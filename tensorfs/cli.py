@@ -497,12 +497,12 @@ def cmd_unmount(args) -> int:
 def cmd_list(args) -> int:
     import json
 
-    from tensorfs import daemon
+    from tensorfs import daemon, status as statuses
     from tensorfs.runtime import tensorfs_mounts
 
     rows = []
     for mountpoint in tensorfs_mounts(os.geteuid()):
-        status = daemon.read_status(mountpoint) or {}
+        status = statuses.read(mountpoint, daemon.running) or {}
         pid = daemon.daemon_pid(mountpoint)
         if pid is None and status:
             state, reason = "daemon gone", "the daemon exited: tensorfs unmount it"

@@ -13,14 +13,13 @@ returns when it is unmounted.
        words, in one line                    which is where a refused mount says why
 
 The runtime files (``tensorfs.runtime``): ``NAME.pid`` (the daemon's pid, one line: what
-``unmount`` waits on), ``NAME.json`` (what ``tensorfs list`` shows: mount point, source,
-pid, tensor count, state) and the default log ``NAME.log``, removed after a clean unmount.
+``unmount`` waits on), the status file ``NAME.json`` (``tensorfs.status``: what ``tensorfs
+list`` shows) and the default log ``NAME.log``, removed after a clean unmount.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import select
@@ -29,7 +28,7 @@ import stat
 import threading
 import time
 
-from tensorfs import runtime
+from tensorfs import runtime, status
 from tensorfs.errors import printable
 
 log = logging.getLogger("tensorfs")
@@ -110,13 +109,8 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
 
 # -- runtime files --------------------------------------------------------------------------
 
-_state_lock = threading.Lock()
-_status: dict | None = None          # this process's status file's contents, while serving
-
-
-def _names(mountpoint: str) -> tuple[str, str]:
-    stem = os.path.basename(runtime.pid_file(mountpoint))[:-len(".pid")]
-    return stem + ".pid", stem + ".json"
+def _pid_name(mountpoint: str) -> str:
+    return os.path.basename(runtime.pid_file(mountpoint))
 
 
 def _write(name: str, data: bytes) -> None:
@@ -138,42 +132,6 @@ def _remove(path: str, mine: bool = True) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def report_state(state: str, reason: str | None = None) -> None:
-    """Say how this mount is doing in its status file (``tensorfs list``): "serving", or
-    "source changed" with the reason the log holds.  A no-op outside a mount's daemon
-    (``inspect``, the library), so any layer may call it."""
-    global _status
-    with _state_lock:
-        if _status is None:
-            return
-        _status = {**_status, "state": state, "reason": reason}
-        try:
-            _write(_status["_name"], _status_bytes(_status))
-        except (DaemonError, runtime.RuntimeDirError) as error:
-            log.warning("%s", error)
-
-
-def _status_bytes(status: dict) -> bytes:
-    return json.dumps({k: v for k, v in status.items() if not k.startswith("_")},
-                      ensure_ascii=True).encode() + b"\n"
-
-
-def read_status(mountpoint: str) -> dict | None:
-    """The status file of ``mountpoint``'s live daemon, in whichever runtime directory it
-    is (tensorfs.runtime.known_dirs), else any found."""
-    found = []
-    for path in runtime.find_files(mountpoint, ".json"):
-        try:
-            status = json.loads(runtime.read_file(path) or b"null")
-        except ValueError:
-            continue
-        if isinstance(status, dict):
-            if isinstance(status.get("pid"), int) and running(status["pid"]):
-                return status
-            found.append(status)
-    return found[0] if found else None
 
 
 # -- the pid file: the daemon's pid, one line.  A daemon killed with SIGKILL leaves it behind,
@@ -242,8 +200,9 @@ def wait_exit(pid: int) -> None:
 
 def forget(mountpoint: str) -> None:
     """Remove the runtime files of a mount whose daemon died (SIGKILL) without doing so."""
-    for path in runtime.find_files(mountpoint, ".pid") + runtime.find_files(mountpoint, ".json"):
+    for path in runtime.find_files(mountpoint, ".pid"):
         _remove(path)
+    status.forget(mountpoint)
 
 
 # -- the life ---------------------------------------------------------------------------------
@@ -256,30 +215,20 @@ class _Life:
         self.info = info
         self.log_path = log_path
         self.default_log = default_log
-        self.pid_name, self.status_name = _names(mountpoint)
+        self.pid_name = _pid_name(mountpoint)
         self.ready = False
 
     def start(self) -> None:
         _write(self.pid_name, f"{os.getpid()}\n".encode())
 
     def on_ready(self) -> None:
-        global _status
         self.ready = True
-        status = {"mountpoint": self.mountpoint, **self.info, "pid": os.getpid(),
-                  "log": self.log_path, "state": "serving", "reason": None,
-                  "_name": self.status_name}
-        with _state_lock:
-            _status = status
-            try:
-                _write(self.status_name, _status_bytes(status))
-            except (DaemonError, runtime.RuntimeDirError) as error:
-                log.warning("%s (tensorfs list will not show this mount)", error)
+        status.publish(self.mountpoint, {**self.info, "log": self.log_path})
         log.info("mounted %s at %s", self.info.get("source"), self.mountpoint)
 
     def run(self, serve, on_ready=None) -> bool:
         """Serve; True for a clean unmount.  The log says "unmounted" only for a mount that
         was up."""
-        global _status
         try:
             serve(on_ready or self.on_ready)
         except BaseException as error:
@@ -289,11 +238,8 @@ class _Life:
                 log.error("mount at %s failed: %s", self.mountpoint, error)
             raise
         finally:
-            with _state_lock:
-                _status = None
-            directory = runtime.runtime_dir()
-            for name in (self.pid_name, self.status_name):
-                _remove(os.path.join(directory, name))
+            status.withdraw()
+            _remove(os.path.join(runtime.runtime_dir(), self.pid_name))
         if self.ready:
             log.info("unmounted %s", self.mountpoint)
         return self.ready

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorfs import blockcache
+from tensorfs import status as mount_status
 from tensorfs.blockcache import BlockReader, DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location, display_url
@@ -902,6 +903,7 @@ class RemoteSource:
                 self._broken_logged = True
             if first:
                 log.error("%s: %s", self.path, self.broken)
+                mount_status.report(mount_status.SOURCE_CHANGED, f"{self.path}: {self.broken}")
             return _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
         log.error("%s: read of %d bytes at %d failed: %s", self.path, size, offset, error.message)
         return _logged(SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: "

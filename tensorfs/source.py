@@ -53,7 +53,7 @@ import stat
 import threading
 import time
 
-from tensorfs.daemon import report_state
+from tensorfs import status
 from tensorfs.errors import ModelError
 
 log = logging.getLogger("tensorfs")
@@ -203,7 +203,7 @@ class ModelSource:
             self.broken = f"the model file was {what} since it was mounted"
             log.error("%s: %s; every read of it now fails with EIO (unmount and mount "
                       "again to serve the new contents)", self.path, self.broken)
-            report_state("source changed", f"{self.path}: {self.broken}: every read fails "
+            status.report(status.SOURCE_CHANGED, f"{self.path}: {self.broken}: every read fails "
                          "with EIO")
 
     def _check_path(self, st: os.stat_result) -> None:
@@ -224,7 +224,7 @@ class ModelSource:
             log.warning("%s: the path no longer names the mounted file (%s); this mount keeps "
                         "serving the file as it was at mount time: unmount and mount again to "
                         "serve the new one", self.path, what)
-            report_state("source changed", f"{self.path}: {what}; the file as mounted still "
+            status.report(status.SOURCE_CHANGED, f"{self.path}: {what}; the file as mounted still "
                          "serves")
 
     def close(self) -> None:

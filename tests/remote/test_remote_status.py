@@ -1,0 +1,53 @@
+"""One owner for a mount's state (tensorfs.status, SPEC §10): a remote source whose object
+changed under the mount says so in the status file, as a local one does, and ``tensorfs
+list`` shows "source changed" with the reason (issue 21)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+
+import numpy as np
+from safetensors.numpy import save
+
+from tests.conftest import run_tensorfs
+
+TENSOR = np.arange(1 << 16, dtype=np.float32)
+
+
+def _read_errno(path) -> int | bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        return error.errno
+
+
+def _row(mnt) -> dict:
+    rows = json.loads(run_tensorfs("list", "--json").stdout)
+    return next(r for r in rows if r["mountpoint"] == str(mnt.resolve()))
+
+
+def test_list_shows_a_changed_http_source(fresh_nginx, rmount):
+    server = fresh_nginx()
+    url = server.put("files/st/model.safetensors", save({"w": TENSOR}))
+    mnt = rmount(url)
+    assert _row(mnt)["state"] == "serving"
+    server.put("files/st/model.safetensors", save({"w": TENSOR + 1}))
+    later = time.time() + 100
+    os.utime(server.www / "files/st/model.safetensors", (later, later))     # another ETag
+    assert _read_errno(mnt / "w") == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "source changed" and "changed" in row["reason"], row
+    assert "source changed: " in run_tensorfs("list").stdout
+
+
+def test_list_shows_a_changed_s3_source(s3, rmount):
+    s3.mkdir("status")
+    s3.pipe_file("status/model.safetensors", save({"w": TENSOR}))
+    mnt = rmount("s3://status/model.safetensors")
+    s3.pipe_file("status/model.safetensors", save({"w": TENSOR + 1}))
+    assert _read_errno(mnt / "w") == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "source changed" and "s3://status/model.safetensors" in row["reason"]
