@@ -45,8 +45,45 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    argv: list[str] = []            # what is being parsed: its secrets are kept out of errors
+
     def error(self, message):
-        raise UsageError(message)
+        raise UsageError(without_secrets(message, self.argv))
+
+
+def argument_secrets(argv: list[str]) -> list[str]:
+    """What in ``argv`` may be a secret, whatever the spelling (``--stor KEY=VALUE``,
+    ``--storage-option=KEY=VALUE``, a mistyped flag): every URL's credentials
+    (``location.url_secrets``) and every VALUE of an argument holding ``=``, unless it is a
+    number, true, false or null (``--storage-option anon=true`` hides nothing)."""
+    from tensorfs.location import is_url, url_secrets
+
+    found = []
+    for arg in argv:
+        if is_url(arg):
+            found += url_secrets(arg)
+            continue
+        rest = arg
+        while "=" in rest:          # --s=KEY=VALUE: "KEY=VALUE" and "VALUE"
+            rest = rest.split("=", 1)[1]
+            if rest and not _scalar(rest):
+                found.append(rest)
+    return sorted(set(found), key=len, reverse=True)        # the longest first
+
+
+def _scalar(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return value is None or isinstance(value, (bool, int, float))
+
+
+def without_secrets(text: str, argv: list[str]) -> str:
+    """``text`` (an error line) with every secret of ``argv`` replaced by ``…``."""
+    for secret in argument_secrets(argv):
+        text = text.replace(secret, "…")
+    return text
 
 
 def parse_views(text: str) -> tuple[str, ...]:
@@ -157,7 +194,13 @@ def _remote_options(parser) -> None:
                              f"(default {DEFAULT_TIMEOUT_S:g})")
 
 
-def parse_storage_option(text: str) -> tuple[str, object]:
+class StorageOption(tuple):
+    """(KEY, value) of one --storage-option, and ``text``: the VALUE as typed."""
+
+    text: str = ""
+
+
+def parse_storage_option(text: str) -> StorageOption:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"not KEY=VALUE: {text.split('=')[0]!r}")
@@ -165,7 +208,25 @@ def parse_storage_option(text: str) -> tuple[str, object]:
         parsed = json.loads(value)
     except ValueError:
         parsed = value
-    return key.strip(), parsed
+    option = StorageOption((key.strip(), parsed))
+    option.text = value
+    return option
+
+
+def _hide_secrets(args) -> None:
+    """What `ps` and /proc/PID/cmdline show of this process, and of the daemon it forks,
+    without the secrets it was given, however they were spelled (argparse gave each
+    --storage-option's text to ``parse_storage_option``, abbreviated or not): the URL's
+    credentials (``location.url_secrets``) and every storage option's VALUE but a number,
+    true, false or null.  Done once the arguments are parsed, before any request."""
+    from tensorfs.location import is_url, url_secrets
+    from tensorfs.runtime import hide_from_cmdline
+
+    model = getattr(args, "model", None)
+    secrets = url_secrets(model) if model and is_url(model) else []
+    secrets += [option.text for option in getattr(args, "storage_options", None) or []
+                if not _scalar(option.text)]
+    hide_from_cmdline(secrets)
 
 
 def parse_disk_cache(text: str) -> tuple[str, int]:
@@ -175,20 +236,6 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
     if not directory:
         raise argparse.ArgumentTypeError("--disk-cache needs a directory")
     return directory, parse_size(size)
-
-
-def _storage_option_values(argv: list[str]) -> list[str]:
-    """The VALUE texts of --storage-option KEY=VALUE as given on the command line."""
-    out = []
-    for i, arg in enumerate(argv):
-        raw = None
-        if arg == "--storage-option" and i + 1 < len(argv):
-            raw = argv[i + 1]
-        elif arg.startswith("--storage-option="):
-            raw = arg.split("=", 1)[1]
-        if raw is not None and "=" in raw:
-            out.append(raw.split("=", 1)[1])
-    return out
 
 
 def _storage_options(args) -> dict:
@@ -206,10 +253,8 @@ def _remote_settings(args, cache):
         return None
     if not args.timeout > 0:
         raise UsageError("--timeout must be more than 0 seconds")
-    from tensorfs.remote import RemoteSettings, hide_from_cmdline, url_secrets
+    from tensorfs.remote import RemoteSettings
 
-    # what `ps` and /proc/PID/cmdline show of this process and of the daemon it forks
-    hide_from_cmdline(url_secrets(args.model) + _storage_option_values(sys.argv))
     return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
                           cache=cache, disk_cache=getattr(args, "disk_cache", None))
 
@@ -269,7 +314,10 @@ def main(argv=None) -> int:
         argv = mount_helper_argv(argv) or argv
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        _Parser.argv = argv
+        args = parser.parse_args(argv)
+        _hide_secrets(args)
         if args.command is None:
             raise UsageError("a command is required: mount, unmount, inspect or list (see --help)")
         if args.command == "mount":
