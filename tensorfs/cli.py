@@ -414,26 +414,16 @@ def _fsname(model_path: str) -> str:
     return "tensorfs:" + re.sub(r"[^A-Za-z0-9._+-]", "_", os.path.basename(model_path))[:100]
 
 
-def fuse_options(args, model_path: str) -> dict:
+def fuse_options(args, model_path: str):
+    """The mount's ``-o`` options, parsed once (``tensorfs.mountoptions.MountOptions``):
+    the FUSE adapter and the binding take what they need from it."""
     from tensorfs import mountoptions
 
-    options = {
-        "ro": True,                    # every write is refused by the kernel with EROFS
-        "nodev": True,                 # no file here is a device node or setuid: say so,
-        "nosuid": True,                # whatever mount.fuse3 adds (tensorfs.mountoptions)
-        "attr_timeout": 86400,         # the model is immutable: attributes, names and
-        "entry_timeout": 86400,        # misses are cached for a day (pages and listings
-        "negative_timeout": 86400,     # stay cached across opens: tensorfs.fuse3)
-        "default_permissions": True,   # the kernel checks the 0444/0555 modes
-        "fsname": _fsname(model_path),
-    }
-    options.update(mountoptions.parse(args.fuse_options,
-                                      from_mount_helper=getattr(args, "from_mount_helper", False)))
-    options["subtype"] = "tensorfs"    # shows as fuse.tensorfs: how list and unmount know it
-    return options
+    return mountoptions.parse(args.fuse_options, fsname=_fsname(model_path),
+                              from_mount_helper=getattr(args, "from_mount_helper", False))
 
 
-def _serve(mounted, mountpoint: str, st, options: dict, on_ready) -> None:
+def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     """Runs in the serving process (the daemon, after the fork): start what must start
     there, then serve until unmounted."""
     from tensorfs.fuse3 import FuseUnavailable

@@ -31,6 +31,8 @@ import stat
 import threading
 from typing import NamedTuple
 
+from tensorfs.mountoptions import MountOptions
+
 log = logging.getLogger("tensorfs")
 
 ROOT_INO = 1
@@ -509,8 +511,7 @@ class Session:
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
     # -- the loop -------------------------------------------------------------------------------
-    def serve(self, mountpoint: str, mount_options: list[str], threads: bool = True,
-              on_ready=None) -> None:
+    def serve(self, mountpoint: str, options: MountOptions, on_ready=None) -> None:
         """Mount at ``mountpoint`` (a resolved path), call ``on_ready()`` once the mount
         answers requests, serve until unmounted or SIGINT/SIGTERM/SIGHUP, unmount.
 
@@ -519,7 +520,9 @@ class Session:
         loop ends with an error."""
         lib = self.lib
         log.info("%s", describe(lib))
-        self._max_read = _max_read(mount_options)
+        self._max_read = options.max_read
+        threads = options.threads
+        mount_options = options.libfuse_options()
         handlers = {"init": self._init, "lookup": self._guarded(self._lookup),
                     "getattr": self._guarded(self._getattr),
                     "open": self._guarded(self._no_open), "opendir": self._guarded(self._no_open),
@@ -613,16 +616,3 @@ class Session:
         # UINT_MAX would compare as -1 and destroy every worker after each request.
         config = _LoopConfig32(0, 2**31 - 1)
         return lib.fuse_session_loop_mt_32(se, ctypes.byref(config))
-
-
-def _max_read(mount_options: list[str]) -> int:
-    """``-o max_read=N``'s N (0: no limit given), checked as libfuse's own ``%u`` would not."""
-    value = 0
-    for option in mount_options:
-        key, _, text = option.partition("=")
-        if key == "max_read":
-            if not (text.isascii() and text.isdigit() and int(text) < 2**32):
-                raise FuseUnavailable(f"max_read={text}: expected a number of bytes "
-                                      f"from 0 to {2**32 - 1}")
-            value = int(text)
-    return value

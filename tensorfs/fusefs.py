@@ -10,6 +10,7 @@ import errno
 import logging
 
 from tensorfs.fuse3 import Entry, FsError, Session
+from tensorfs.mountoptions import MountOptions
 from tensorfs.namespace import DirNode, Tree
 from tensorfs.source import SourceError
 from tensorfs.views import fill_from
@@ -111,22 +112,16 @@ class TensorFS:
         return list(getattr(self._node(ino), "xattrs", {}))
 
 
-def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int, options: dict,
-          on_ready=None) -> None:
+def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
+          options: MountOptions, on_ready=None) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
-    never became live raises ``FuseUnavailable``.  ``options``: FUSE mount options, plus
-    the ones answered here (``attr_timeout``, ``entry_timeout``, ``negative_timeout``,
-    ``nothreads``; ``kernel_cache`` and ``use_ino`` are always in effect; docs/serving.md)."""
-    options = dict(options)
-    timeouts = {key: float(options.pop(key, 86400))
-                for key in ("attr_timeout", "entry_timeout", "negative_timeout")}
-    threads = not options.pop("nothreads", False)
-    for always in ("kernel_cache", "use_ino"):      # what this adapter always does
-        options.pop(always, None)
+    never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
+    once (``tensorfs.mountoptions``); the timeouts and the thread count are answered here,
+    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
     fs = TensorFS(tree)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
-                      read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, **timeouts)
-    mount_options = [key if value is True else f"{key}={value}"
-                     for key, value in options.items() if value is not False]
-    session.serve(mountpoint, mount_options, threads=threads, on_ready=on_ready)
+                      read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of,
+                      attr_timeout=options.attr_timeout, entry_timeout=options.entry_timeout,
+                      negative_timeout=options.negative_timeout)
+    session.serve(mountpoint, options, on_ready=on_ready)
