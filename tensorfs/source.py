@@ -219,6 +219,8 @@ class ModelSource:
             what = "it was deleted or renamed"
         if what is None and st.st_nlink == 0:
             what = "it was deleted"
+        if what is None:
+            log.debug("%s: the path still names the mounted file", self.path)
         if what is not None:
             self._replaced_logged = True
             log.warning("%s: the path no longer names the mounted file (%s); this mount keeps "

@@ -1,4 +1,5 @@
-"""Models and helpers shared by the reliability tests (faults, concurrency, shutdown).
+"""Models shared by the reliability tests (faults, concurrency, shutdown); the process
+helpers are ``tests.support``'s.
 
 ``write_mixed_gguf`` writes, with gguf-py's writer, a GGUF holding native and converted
 tensors (F32, F16, Q8_0, Q4_K, BF16), big enough that converted views span several chunks,
@@ -8,11 +9,8 @@ and returns for each tensor what its raw file and its .npy view must hold, from 
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,6 +20,8 @@ import numpy as np
 
 from quant_blocks import oracle, random_blocks
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
+# once defined here, now in tests.support (re-exported: tests import them from here too)
+from tests.support import EIO, alive, daemon_pid, read_errno, wait_for  # noqa: F401
 
 
 @dataclass
@@ -91,50 +91,6 @@ def npy_bytes(values: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def daemon_pid(mnt) -> int:
-    from tensorfs.runtime import pid_file
-
-    with open(pid_file(str(mnt))) as f:
-        return int(f.read().split()[0])
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in (b"Z", b"X")
-
-
-def read_errno(path, offset: int = 0, size: int | None = None) -> int | bytes:
-    """The bytes read, or the errno the read failed with."""
-    try:
-        with open(path, "rb", buffering=0) as f:
-            f.seek(offset)
-            if size is None:
-                chunks = []
-                while chunk := f.read(1 << 20):
-                    chunks.append(chunk)
-                return b"".join(chunks)
-            return f.read(size)
-    except OSError as error:
-        return error.errno
-
-
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
-
-
-EIO = errno.EIO
-
-
 SLOW_FS = r'''
 import errno, os, stat, sys, time
 from fuse import FUSE, FuseOSError, Operations
@@ -177,7 +133,7 @@ def slow_filesystem(base, delay: float):
     seconds (a file ``src/DELAY`` holding a number overrides it while mounted).  Keep
     ``base`` outside the test's tmp_path: the mount fixture checks no FUSE mount is left
     there."""
-    from tests.conftest import fuse_mounts_under
+    from tests.support import fuse_mounts_under
 
     src, mnt = base / "src", base / "mnt"
     src.mkdir()

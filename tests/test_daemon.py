@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,8 @@ import pytest
 from tests.conftest import RUNTIME_DIR, TENSORFS, fuse_mounts_under, run_tensorfs
 from tests.models import write_safetensors
 
-from reliability_models import alive, slow_filesystem, wait_for
+from reliability_models import slow_filesystem
+from tests.support import alive, direct_read, wait_for
 
 IS_ROOT = os.geteuid() == 0
 HAVE_TOOLS = all(shutil.which(t) for t in ("useradd", "userdel", "setpriv", "unshare"))
@@ -399,8 +399,9 @@ def test_the_daemon_works_from_root_dir_and_relative_paths_still_serve(tmp_path)
     work.mkdir()
     tensors = write_safetensors(work / "m.safetensors")
     (work / "mnt").mkdir()
-    result = subprocess.run([*TENSORFS, "mount", "m.safetensors", "mnt"], cwd=work,
-                            capture_output=True, text=True, timeout=120)
+    log = tmp_path / "daemon.log"
+    result = subprocess.run([*TENSORFS, "mount", "m.safetensors", "mnt", "--debug", "--log", log],
+                            cwd=work, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     mnt = work / "mnt"
     try:
@@ -408,7 +409,10 @@ def test_the_daemon_works_from_root_dir_and_relative_paths_still_serve(tmp_path)
         assert os.readlink(f"/proc/{pid}/cwd") == "/"
         weight = mnt / "lm_head" / "weight"
         assert weight.read_bytes() == tensors["lm_head.weight"].tobytes()
-        time.sleep(1.2)                      # past the source's path-check interval
+        # the path is checked at most once a second, on a read: read (O_DIRECT: each read
+        # reaches the daemon) until the log says the check was made, from "/"
+        assert wait_for(lambda: direct_read(weight)
+                        and "the path still names the mounted file" in log.read_text(), 10)
         assert (mnt / "model" / "layers" / "0" / "bool").read_bytes() == \
             tensors["model.layers.0.bool"].tobytes()
         row = next(r for r in _list() if r["mountpoint"] == str(mnt))

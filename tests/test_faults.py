@@ -24,11 +24,10 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from tests.conftest import fuse_mounts_under, run_tensorfs
+from reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
 from tests.models import write_safetensors
-
-from reliability_models import EIO, alive, daemon_pid, npy_bytes, read_errno, \
-    slow_filesystem, wait_for, write_mixed_gguf
+from tests.support import (EIO, alive, daemon_pid, direct_read, fuse_mounts_under, read_errno,
+                           run_tensorfs, wait_for, waiting_on_fuse)
 
 
 def _log(path) -> str:
@@ -200,11 +199,13 @@ def test_replaced_by_rename_keeps_serving_the_mounted_file(tmp_path, live):
     new = tmp_path / "model.gguf.new"
     write_mixed_gguf(new, seed=1)
     os.rename(new, model)
-    time.sleep(1.1)                            # the path is checked at most once a second
+    # the path is checked at most once a second, on a read: read (O_DIRECT: each read
+    # reaches the daemon) until the log says it saw the new file
+    assert wait_for(lambda: direct_read(mnt / a.path)
+                    and "another file was renamed over it" in _log(log), 10)
     for t in (b, c, d, e):                     # the old bytes, though the path has new ones
         _assert_serves(mnt, t)
     assert alive(pid)
-    assert wait_for(lambda: "another file was renamed over it" in _log(log), 5)
     assert "EIO" not in _log(log)
 
 
@@ -277,7 +278,7 @@ def test_source_on_a_slow_filesystem(tmp_path, slow_dir, mount):   # mount goes 
 
     reader = threading.Thread(target=read_big)
     reader.start()                          # a long, slow read in flight ...
-    time.sleep(0.1)
+    assert wait_for(lambda: waiting_on_fuse(daemon_pid(mnt)), 30)
     started = time.monotonic()
     json.loads((mnt / "metadata.json").read_bytes())    # ... does not hold up the others
     assert read_errno(mnt / a.path, 0, 4096) == a.raw[:4096]

@@ -13,7 +13,6 @@ import pytest
 
 from tensorfs.location import MAX_NAME_BYTES, name_problem
 from tensorfs.shards import MAX_SHARDS
-from tests.conftest import run_tensorfs
 from tests.test_shards import INDEX, _refused, one, write_gguf_shard, write_hf_shards, \
     write_split_gguf
 

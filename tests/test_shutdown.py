@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-
-from reliability_models import alive, daemon_pid, slow_filesystem, wait_for, write_mixed_gguf
+from reliability_models import slow_filesystem, write_mixed_gguf
+from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
+                           run_tensorfs, wait_for, waiting_on_fuse)
 
 
 def _clean(mnt) -> None:
@@ -37,8 +37,9 @@ def _files(mnt) -> list[str]:
     return out
 
 
-def _read_loop(paths: list[str], stop_after: float, hold_open: bool) -> None:
-    """A reader: random ranges of random files until told, or until the mount goes."""
+def _read_loop(paths: list[str], stop_after: float, hold_open: bool, reading=None) -> None:
+    """A reader: random ranges of random files until told, or until the mount goes;
+    ``reading`` (an Event) is set once its first read was answered."""
     rng = random.Random(os.getpid())
     deadline = time.monotonic() + stop_after
     fds = {}
@@ -52,6 +53,8 @@ def _read_loop(paths: list[str], stop_after: float, hold_open: bool) -> None:
                     fds[path] = fd
             os.pread(fd, rng.randint(1, 1 << 20), rng.randrange(os.fstat(fd).st_size or 1))
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if reading is not None:
+                reading.set()
             if not hold_open:
                 os.close(fd)
     except OSError:
@@ -62,10 +65,12 @@ def _read_loop(paths: list[str], stop_after: float, hold_open: bool) -> None:
 def _start_readers(mnt, n: int = 4, seconds: float = 60, hold_open: bool = False):
     paths = _files(mnt)
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_read_loop, args=(paths, seconds, hold_open)) for _ in range(n)]
+    reading = [ctx.Event() for _ in range(n)]
+    procs = [ctx.Process(target=_read_loop, args=(paths, seconds, hold_open, event))
+             for event in reading]
     for p in procs:
         p.start()
-    time.sleep(0.5)
+    assert all(event.wait(30) for event in reading), "a reader never got an answer"
     assert all(p.is_alive() for p in procs)
     return procs
 
@@ -241,7 +246,7 @@ def test_a_reader_blocked_in_a_read_when_the_daemon_is_killed(tmp_path, slow_mod
     result: dict = {}
     reader = threading.Thread(target=_blocked_reader, args=(mnt / "c/bf16/weight", result))
     reader.start()
-    time.sleep(1)
+    assert wait_for(lambda: waiting_on_fuse(pid), 30)  # the daemon's pread of the slow source
     assert reader.is_alive()                           # blocked in the daemon's pread
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -265,7 +270,7 @@ def test_a_reader_waiting_on_a_hung_daemon_that_is_killed(tmp_path, mnt, model):
     result: dict = {}
     reader = threading.Thread(target=_blocked_reader, args=(mnt / "c/bf16/weight", result))
     reader.start()
-    time.sleep(0.5)
+    assert wait_for(lambda: in_fuse_request(reader.native_id), 30)
     assert reader.is_alive()                    # waiting for the stopped daemon
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -286,7 +291,7 @@ def test_a_reader_blocked_in_a_read_when_the_daemon_is_told_to_stop(tmp_path, sl
     result: dict = {}
     reader = threading.Thread(target=_blocked_reader, args=(mnt / "c/bf16/weight", result))
     reader.start()
-    time.sleep(0.5)
+    assert wait_for(lambda: waiting_on_fuse(pid), 30)  # the request is in the daemon's hands
     os.kill(pid, signal.SIGTERM)
     reader.join(30)
     assert not reader.is_alive()

@@ -12,7 +12,6 @@ import signal
 import struct
 import termios
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,7 +20,8 @@ import pytest
 from tests import safetensors_corpus
 from tests.conftest import run_tensorfs
 
-from reliability_models import alive, daemon_pid, npy_bytes, wait_for, write_mixed_gguf
+from reliability_models import npy_bytes, write_mixed_gguf
+from tests.support import alive, daemon_pid, in_fuse_request, wait_for
 
 CONVERTED = ("b.q8_0.weight", "c.bf16.weight", "d.q4_k.weight")
 
@@ -169,8 +169,11 @@ def test_a_worker_killed_during_a_read_gives_eio_then_the_mount_recovers(model, 
     reader = threading.Thread(target=read)
     reader.start()
     try:
-        if not wait_for(lambda: any(_queued_task(w) for w in workers), 30):
-            time.sleep(2)                   # no pidfd_getfd here: give the request time
+        # the task waits in a stopped worker's socket; where pidfd_getfd cannot tell (None),
+        # the reader is seen waiting for the daemon's answer instead
+        assert wait_for(lambda: any(_queued_task(w) for w in workers)
+                        or (_queued_task(workers[0]) is None
+                            and in_fuse_request(reader.native_id)), 30)
         assert reader.is_alive()            # the read waits for the stopped worker
     finally:
         for w in workers:
@@ -222,15 +225,19 @@ def test_no_worker_starts_without_a_costly_conversion_to_do(model, mount, tmp_pa
     # BF16 is a cheap conversion (in the daemon, straight into the reply): no worker starts
     st_path = tmp_path / "bf16.safetensors"
     st_path.write_bytes(safetensors_corpus.one("BF16", (4,), 0, 8, data=bytes(8)))
-    mnt2 = mount(st_path, "--workers", "2")
+    logs = [tmp_path / "bf16.log", tmp_path / "listed.log"]
+    mnt2 = mount(st_path, "--workers", "2", "--log", logs[0])
     assert np.array_equal(np.load(mnt2 / "t.npy"), np.zeros(4, np.float32))
-    time.sleep(0.5)
     assert _workers_of(daemon_pid(mnt2)) == []
     # nor does a mount of quantized tensors that is only listed
-    mnt3 = mount(path, "--workers", "2")
+    mnt3 = mount(path, "--workers", "2", "--log", logs[1])
     assert sorted(os.listdir(mnt3 / "d" / "q4_k")) == ["weight", "weight.npy"]
-    time.sleep(0.5)
     assert _workers_of(daemon_pid(mnt3)) == []
+    # not later either: once the daemons are gone their logs are complete, and a pool that
+    # started (even after the reads) would have said "conversion workers ready"
+    for mnt, log in zip((mnt2, mnt3), logs):
+        assert run_tensorfs("unmount", mnt).returncode == 0
+        assert "conversion worker" not in log.read_text(), log.read_text()
 
 
 def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import pytest
 
-from reliability_models import daemon_pid
-from tests.conftest import run_tensorfs
+from tests.support import daemon_pid, run_tensorfs
 
 TOKEN = "TOKENtensorfs0123456789abcdef"
 PASSWORD = "PWtensorfs0123456789abcdef"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save
 
-from tests.conftest import TENSORFS
+from tests.support import TENSORFS
 from tests.servers import BASIC_PASSWORD, BASIC_USER
 from tests.test_shards import INDEX
 

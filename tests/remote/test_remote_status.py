@@ -12,16 +12,9 @@ import time
 import numpy as np
 from safetensors.numpy import save
 
-from tests.conftest import run_tensorfs
+from tests.support import read_errno, run_tensorfs
 
 TENSOR = np.arange(1 << 16, dtype=np.float32)
-
-
-def _read_errno(path) -> int | bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        return error.errno
 
 
 def _row(mnt) -> dict:
@@ -37,7 +30,7 @@ def test_list_shows_a_changed_http_source(fresh_nginx, rmount):
     server.put("files/st/model.safetensors", save({"w": TENSOR + 1}))
     later = time.time() + 100
     os.utime(server.www / "files/st/model.safetensors", (later, later))     # another ETag
-    assert _read_errno(mnt / "w") == errno.EIO
+    assert read_errno(mnt / "w") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed" and "changed" in row["reason"], row
     assert "source changed: " in run_tensorfs("list").stdout
@@ -48,6 +41,6 @@ def test_list_shows_a_changed_s3_source(s3, rmount):
     s3.pipe_file("status/model.safetensors", save({"w": TENSOR}))
     mnt = rmount("s3://status/model.safetensors")
     s3.pipe_file("status/model.safetensors", save({"w": TENSOR + 1}))
-    assert _read_errno(mnt / "w") == errno.EIO
+    assert read_errno(mnt / "w") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed" and "s3://status/model.safetensors" in row["reason"]
