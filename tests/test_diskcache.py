@@ -52,10 +52,19 @@ def _snapshot(files: dict[str, Path]) -> dict[str, tuple]:
             for name, p in files.items()}
 
 
-def _cache_bytes(directory: Path) -> int:
-    """Every byte under DIR's cache directory (blocks, temporary files, marker, ledger)."""
-    root = directory / ROOT
-    return sum(p.lstat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+def _cache_bytes(directory: Path, theirs: dict[str, Path] = {}) -> int:
+    """Every byte under DIR but the user's files (blocks, temporary files, marker, ledger)."""
+    skip = set(theirs.values())
+    return sum(p.lstat().st_size for p in directory.rglob("*")
+               if p.is_file() and not p.is_symlink() and p not in skip)
+
+
+def _block_file(directory: Path, data: bytes) -> Path:
+    """The file under DIR that holds ``data`` (whatever the layout)."""
+    found = [p for p in directory.rglob("*") if p.is_file() and not p.is_symlink()
+             and p.stat().st_size >= len(data) and p.read_bytes().endswith(data)]
+    assert len(found) == 1, found
+    return found[0]
 
 
 def _blocks(directory: Path) -> list[Path]:
@@ -79,7 +88,7 @@ def test_a_users_files_in_dir_are_never_counted_nor_removed(tmp_path):
     again = DiskCache(str(directory), size)          # a later mount scans DIR
     again.put(KEY, 99, _block(99))
     assert _snapshot(files) == before
-    assert 0 < _cache_bytes(directory) <= size
+    assert 0 < _cache_bytes(directory, files) <= size
     assert again.get(KEY, 99, BLOCK) == _block(99)
 
 
@@ -217,7 +226,7 @@ def _corrupt(path: Path, how: str) -> None:
     elif how == "longer":
         data += b"\0" * 4
     elif how == "swapped":
-        data = bytearray((path.parent / f"{KEY}.1").read_bytes())
+        data = bytearray(_block_file(path.parents[1], _block(1)).read_bytes())
     path.write_bytes(bytes(data))
 
 
@@ -229,8 +238,7 @@ def test_a_block_changed_on_disk_is_never_served(tmp_path, caplog, how):
     cache = DiskCache(str(directory), 1 << 20)
     cache.put(KEY, 0, _block(0))
     cache.put(KEY, 1, _block(1))
-    path = directory / ROOT / f"{KEY}.0"
-    assert path.exists(), os.listdir(directory)
+    path = _block_file(directory, _block(0))
     _corrupt(path, how)
     with caplog.at_level(logging.WARNING, logger="tensorfs"):
         assert cache.get(KEY, 0, BLOCK) is None
@@ -255,7 +263,7 @@ def test_a_huge_file_under_a_blocks_name_is_not_read(tmp_path):
     directory = tmp_path / "cache"
     cache = DiskCache(str(directory), 1 << 20)
     cache.put(KEY, 0, _block(0))
-    path = directory / ROOT / f"{KEY}.0"
+    path = _block_file(directory, _block(0))
     with open(path, "r+b") as f:
         f.truncate(64 << 30)
     assert cache.get(KEY, 0, BLOCK) is None
@@ -294,7 +302,7 @@ def test_mounts_sharing_dir_keep_it_within_one_bound(tmp_path):
     for w in writers:
         out, err = w.communicate(timeout=120)
         assert w.returncode == 0 and out.strip() == "done" and err == "", err
-    assert 0 < _cache_bytes(directory) <= size
+    assert 0 < _cache_bytes(directory, files) <= size
     assert _snapshot(files) == before
 
 
@@ -322,6 +330,7 @@ def test_temporary_files_of_a_dead_writer_are_removed_and_a_live_ones_counted(tm
     size = 4 * BLOCK + 8192
     DiskCache(str(directory), size)
     root = directory / ROOT
+    root.mkdir(mode=0o700, exist_ok=True)
     dead = subprocess.Popen(["true"])
     dead.wait()
     live = subprocess.Popen(["sleep", "600"])
