@@ -67,6 +67,10 @@ MAX_BAD_LOGGED = 20                 # lines about bad blocks per process
 _BLOCK_NAME = re.compile(r"([0-9a-f]{64})\.([0-9]{1,19})")
 _TEMP_NAME = re.compile(r"\.([0-9a-f]{64}\.[0-9]{1,19})\.([0-9]{1,10})\.([0-9]{1,20})\.([0-9]{1,20})\.tmp")
 
+# runtime.write_file's temporary name for the marker, while another mount writes it
+_MARKER_TEMP = re.compile(r"\." + MARKER + r"\.[0-9]+\.[0-9]+\.tmp")
+MARKER_TRIES = 200
+
 _OPEN_FILE = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -119,9 +123,13 @@ class DiskCache:
         self._bad_logged = 0
         self._started_pid, self._started = 0, 0
         self._scan_truncated_logged = False
-        with self._locked(wait=None) as locked:
-            if locked:
-                self._write_ledger(*self._scan())
+        try:
+            with self._locked(wait=None) as locked:
+                if locked:
+                    self._write_ledger(*self._scan())
+        except OSError as error:
+            self.close()
+            raise _refused(self.root, f"cannot read it: {error.strerror}") from None
 
     # -- keys ------------------------------------------------------------------------------
     object_key = staticmethod(object_key)
@@ -335,6 +343,9 @@ class DiskCache:
         """ROOT/lock, opened by this process (a descriptor from before a fork would share its
         lock with the parent)."""
         if self._lock_fd is None or self._lock_pid != os.getpid():
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)         # the parent's: its lock is not ours
+                self._lock_fd = None
             fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | _OPEN_FILE, 0o600, dir_fd=self._fd)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != self._euid:
@@ -363,13 +374,19 @@ class DiskCache:
             pass
 
     def close(self) -> None:
-        for fd in (self._lock_fd, self._fd):
-            if fd is not None:
+        """Let go of the descriptors (later calls keep nothing and serve nothing)."""
+        fds = (self._lock_fd, self._fd)
+        self._lock_fd, self._fd = None, -1
+        for fd in fds:
+            if fd is not None and fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-        self._lock_fd = None
+
+    def __del__(self):
+        if getattr(self, "_fd", -1) >= 0:
+            self.close()
 
 
 class _Held:
@@ -476,17 +493,28 @@ def _open_root(dir_fd: int, directory: str, euid: int) -> int:
         why = unsafe_directory(os.fstat(fd), euid)
         if why is not None:
             raise _refused(path, why)
-        marker = _read_marker(fd, euid)
-        if marker is None:
+        for _ in range(MARKER_TRIES):
+            marker = _read_marker(fd, euid)
+            if marker is not None:
+                break
             with os.scandir(fd) as entries:
-                empty = next(iter(entries), None) is None
-            if not empty:
+                names = [e.name for _, e in zip(range(8), entries)]
+            if names and all(n in (MARKER, LOCK) or _MARKER_TEMP.fullmatch(n) for n in names):
+                time.sleep(0.01)    # another mount is writing the marker now, or just did
+                continue
+            if names:
                 raise _refused(path, f"it is not a tensorfs disk cache (no {MARKER} file in "
                                      "it): move it away or choose another directory")
-            write_file(fd, MARKER, MARKER_TEXT)
-        elif marker != MARKER_TEXT:
-            raise _refused(path, f"its {MARKER} file is not this version's: move it away or "
-                                 "choose another directory")
+            try:
+                write_file(fd, MARKER, MARKER_TEXT)
+            except OSError as error:
+                raise _refused(path, f"cannot write its {MARKER} file: {error.strerror}") from None
+            marker = MARKER_TEXT
+            break
+        if marker != MARKER_TEXT:
+            raise _refused(path, f"its {MARKER} file is not this version's (or is being "
+                                 "written for too long): move it away or choose another "
+                                 "directory")
     except BaseException:
         os.close(fd)
         raise
