@@ -313,3 +313,20 @@ def test_a_dead_writers_temporary_file_is_removed(nginx, rmount, remote_env, tmp
     mnt = rmount(url, "--disk-cache", f"{cache}:64M")
     _read_all(mnt)
     assert not stale.exists()
+
+
+def test_an_s3_objects_blocks_are_kept_and_served_again(s3, corpus, rmount, remote_env, tmp_path):
+    """S3's identity (the endpoint botocore resolved, bucket, key) keys its blocks: a second
+    mount serves them from disk, the model's bytes."""
+    url = "s3://models/big/big.safetensors"
+    cache = tmp_path / "cache"
+    first = rmount(url, "--disk-cache", cache)
+    _read_all(first)
+    _unmount(first, remote_env)
+    kept = {p: p.stat().st_mtime_ns for p in (cache / ROOT).iterdir() if p.stat().st_size > MiB}
+    assert kept
+    time.sleep(0.02)                    # a later mtime than the first mount's, on any clock
+    second = rmount(url, "--disk-cache", cache)
+    assert_matches_reference(second, corpus.models["big"].files)
+    served = [p for p, mtime in kept.items() if p.stat().st_mtime_ns > mtime]
+    assert served, kept                 # a block served from disk is touched
