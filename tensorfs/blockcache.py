@@ -14,8 +14,9 @@ block cache for tensors adds to a plain LRU of blocks:
   its last one ended) gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
   once (what a long round trip needs: docs/remote.md);
-- blocks kept in memory in the mount's one LRU (``--cache-size``), and with a ``DiskCache``
-  on disk too, keyed by the file's URL and version.
+- blocks kept in memory in the mount's one LRU (``--cache-size``), and with a
+  ``tensorfs.diskcache.DiskCache`` on disk too, keyed by the file's endpoint, path, version
+  and block size.
 
 The fetch function (``tensorfs.remote.RemoteSource``) does the retries, the timeout and the
 version check; this module only decides which ranges to ask for and who waits for what.
@@ -24,9 +25,7 @@ version check; this module only decides which ranges to ask for and who waits fo
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
-import stat
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
-from tensorfs.runtime import unsafe_directory, write_file
+from tensorfs.diskcache import DiskCache  # noqa: F401  (the blocks on disk: its own module)
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
@@ -360,127 +359,3 @@ class BlockReader:
             if not future.done():
                 future.set_exception(OSError("the mount is closing"))
 
-
-class DiskCache:
-    """Fetched blocks on disk, under ``directory``, at most ``max_bytes`` of them: the least
-    recently used go first.  Shared by concurrent and later mounts: a block file is written
-    under a temporary name (``O_EXCL|O_NOFOLLOW``) and renamed into place, so a reader sees a
-    whole block or none; the directory must be the user's own and closed to others."""
-
-    def __init__(self, directory: str, max_bytes: int):
-        self.directory = directory
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._checked: set[str] = set()
-        _own_directory(directory)
-        self._lru: OrderedDict[str, int] = OrderedDict()     # block file -> bytes
-        found = []
-        for sub in os.listdir(directory):
-            sub_path = os.path.join(directory, sub)
-            if not _is_private_dir(sub_path):
-                continue
-            for name in os.listdir(sub_path):
-                path = os.path.join(sub_path, name)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode) and not name.endswith(".tmp"):
-                    found.append((st.st_mtime_ns, path, st.st_size))
-        for _, path, size in sorted(found):
-            self._lru[path] = size
-        self.total = sum(self._lru.values())
-
-    @staticmethod
-    def object_key(url: str, version: str, block_size: int) -> str:
-        text = f"{url}\0{version}\0{block_size}"
-        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:40]
-
-    def _sub(self, key: str) -> str:
-        path = os.path.join(self.directory, key)
-        if key not in self._checked:
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-            if not _is_private_dir(path):
-                raise OSError(f"{path}: not a directory of this user's own")
-            self._checked.add(key)
-        return path
-
-    def get(self, key: str, index: int, length: int) -> bytes | None:
-        path = os.path.join(self.directory, key, f"{index}")
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size != length or st.st_uid != os.geteuid():
-                return None
-            data = os.pread(fd, length, 0)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        if len(data) != length:
-            return None
-        with self._lock:
-            if path in self._lru:
-                self._lru.move_to_end(path)
-        try:
-            os.utime(path, follow_symlinks=False)   # recency for a later mount's order
-        except OSError:
-            pass
-        return data
-
-    def put(self, key: str, index: int, data: bytes) -> None:
-        if len(data) > self.max_bytes:
-            return
-        try:
-            sub = self._sub(key)
-            path = os.path.join(sub, f"{index}")
-            dir_fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                write_file(dir_fd, f"{index}", data)
-            finally:
-                os.close(dir_fd)
-        except OSError:
-            return                      # a full disk or a race: the block is just not kept
-        with self._lock:
-            self.total += len(data) - self._lru.pop(path, 0)
-            self._lru[path] = len(data)
-            while self.total > self.max_bytes and self._lru:
-                victim, size = self._lru.popitem(last=False)
-                self.total -= size
-                try:
-                    os.unlink(victim)
-                except OSError:
-                    pass
-
-
-def _is_private_dir(path: str) -> bool:
-    try:
-        return unsafe_directory(os.lstat(path), os.geteuid()) is None
-    except OSError:
-        return False
-
-
-def _own_directory(directory: str) -> None:
-    """``directory`` exists (made 0700 if not), is a directory, is the user's and only the
-    user can write to it: otherwise ``PermissionError`` saying which."""
-    try:
-        os.makedirs(directory, 0o700, exist_ok=True)
-    except OSError as error:
-        raise PermissionError(f"{directory}: cannot create the disk cache: {error.strerror}") from None
-    st = os.lstat(directory)
-    if stat.S_ISLNK(st.st_mode):
-        real = os.path.realpath(directory)
-        st = os.lstat(real)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"{directory}: the disk cache is not a directory")
-    if st.st_uid != os.geteuid():
-        raise PermissionError(f"{directory}: the disk cache belongs to another user (uid {st.st_uid})")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(f"{directory}: others can write to the disk cache directory "
-                              f"(mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it")

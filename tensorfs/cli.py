@@ -150,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
                        help="FUSE mount options: allow_other, allow_root, max_read=N, "
                        "fsname=NAME, attr_timeout=S ... (docs/cli.md); rw is refused")
-    mount.add_argument("--log", metavar="FILE", help="daemon log (default: in the runtime "
-                       "directory, removed after a clean unmount)")
+    # a user's path is resolved here, where the command runs: the daemon works from "/"
+    mount.add_argument("--log", metavar="FILE", type=os.path.abspath, help="daemon log "
+                       "(default: in the runtime directory, removed after a clean unmount)")
     mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     mount.add_argument("--from-mount-helper", action="store_true", help=argparse.SUPPRESS)
     _remote_options(mount)
@@ -235,7 +236,7 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
         directory, size = text, DEFAULT_DISK_CACHE_SIZE
     if not directory:
         raise argparse.ArgumentTypeError("--disk-cache needs a directory")
-    return directory, parse_size(size)
+    return os.path.abspath(directory), parse_size(size)     # from where the command runs
 
 
 def _storage_options(args) -> dict:

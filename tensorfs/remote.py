@@ -29,7 +29,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from tensorfs import blockcache
 from tensorfs import status as mount_status
-from tensorfs.blockcache import BlockReader, DiskCache
+from tensorfs.blockcache import BlockReader
+from tensorfs.diskcache import DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location, display_url
 from tensorfs.source import SourceError
@@ -168,6 +169,12 @@ class Transport:
         """The URL to request for the displayed ``path`` (credentials put back)."""
         return path
 
+    def identity(self, path: str) -> str | None:
+        """What the disk cache keys ``path``'s blocks by, with the version: the endpoint and
+        the path, unambiguously (a mirror holding the same version is another identity).  It
+        may hold a secret (a signed query): hashed, never shown.  None: not kept on disk."""
+        return None
+
     def probe(self, path: str, deadline: float) -> tuple[int, str | None, bytes, float | None]:
         """(size, version, first bytes, mtime) of a file, in one request where possible."""
         raise NotImplementedError
@@ -204,6 +211,15 @@ class FsspecTransport(Transport):
 
     def _path(self, path: str) -> str:
         return self.fs._strip_protocol(self.real(path))
+
+    def identity(self, path):
+        # any option may name the endpoint (endpoint_url, project, account_name ...): all
+        # of them, hashed with the rest
+        import json
+
+        options = json.dumps(getattr(self.fs, "storage_options", {}), sort_keys=True, default=str)
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return f"{protocol}+{options}/{self._path(path)}"
 
     def _call(self, fn, *args, timeout: float, **kwargs):
         """A blocking filesystem call, bounded by ``timeout``: run in a thread whose result
@@ -346,6 +362,12 @@ class HttpTransport(FsspecTransport):
 
     def _headers(self) -> dict:
         return {}
+
+    def identity(self, path):
+        # the URL requested, without user:password (hf://: the endpoint's resolve URL)
+        parts = urlsplit(self.real(path))
+        return urlunsplit((parts.scheme.lower(), parts.netloc.rpartition("@")[2].lower(),
+                           parts.path, parts.query, ""))
 
     async def _get(self, url: str, start: int, end: int, etag: str | None, probe: bool):
         fs = self.fs
@@ -586,6 +608,23 @@ class S3Transport(FsspecTransport):
 
     etag_checked = True
 
+    def identity(self, path):
+        bucket, key, _ = self.fs.split_path(self._path(path))
+        return f"s3+{self._endpoint()}/{bucket}/{key}"
+
+    def _endpoint(self) -> str:
+        """The endpoint botocore resolved (the options, AWS_ENDPOINT_URL, the region's),
+        known once a request was made; before that, what the options and environment say."""
+        client = getattr(self.fs, "_s3", None)          # not .s3: that would connect
+        endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+        if endpoint:
+            return endpoint
+        options = self.settings.storage_options
+        return str(options.get("endpoint_url")
+                   or (options.get("client_kwargs") or {}).get("endpoint_url")
+                   or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+                   or f"aws:{os.environ.get('AWS_REGION') or os.environ.get('AWS_DEFAULT_REGION')}")
+
     def probe(self, path, deadline):
         info = self._info(path, max(0.1, deadline - time.monotonic()))
         if info.get("type") == "directory":
@@ -788,8 +827,8 @@ class RemoteSource:
                         "under the mount cannot be told; not kept in the disk cache", path)
         key = (path, self.version)
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
-        disk_key = (DiskCache.object_key(path, self.version, block)
-                    if disk is not None and self.version else None)
+        identity = transport.identity(path) if disk is not None and self.version else None
+        disk_key = disk.key(identity, self.version, block, label=path) if identity else None
         self.blocks = BlockReader(key, self.size, self._fetch, settings.cache, disk, disk_key,
                                   block_size=block)
 
