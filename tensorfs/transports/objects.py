@@ -365,6 +365,9 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
         to = f" to {where}" if where else ""
         return FetchError("unreachable", f"cannot connect{to}: "
                           f"{why.group(1) if why else 'no connection'}", transient=True)
+    if "Requested " in text and ", got " in text:
+        return FetchError("http", "the server answered with other bytes than the range asked for "
+                          "(its Content-Range)", transient=True)
     if "CONTENT_RANGE" in text or "Content-Range" in text:
         return FetchError("http", "the server's Content-Range is not a valid byte range of the "
                           "file (RFC 9110)")

@@ -8,7 +8,7 @@ send is what bounds the client's memory (it cannot send what is not read)."""
 from __future__ import annotations
 
 import asyncio
-import gzip
+import functools
 import json
 import os
 import socket
@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import threading
 import time
+import zlib
 
 import pytest
 
@@ -127,8 +128,8 @@ def _lying(kind: str, data: bytes, honest_first: bool = False):
             yield (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
             while True:
                 yield b"10000\r\n" + b"\0" * (64 << 10) + b"\r\n"
-        elif kind == "gzip":            # encoded although identity was asked for
-            packed = gzip.compress(b"\0" * (64 * MiB))
+        elif kind == "gzip":            # encoded although identity was asked for: 1000 MiB
+            packed = _gzip_bomb()
             yield (head + f"Content-Encoding: gzip\r\nContent-Length: {len(packed)}\r\n\r\n"
                    ).encode() + packed
         elif kind == "negative-total":
@@ -143,15 +144,67 @@ def _lying(kind: str, data: bytes, honest_first: bool = False):
 KINDS = ["long", "endless", "gzip", "negative-total", "other-range"]
 
 
+@functools.lru_cache(1)
+def _gzip_bomb() -> bytes:
+    """1000 MiB of zeros, gzipped (about 1 MB)."""
+    packer = zlib.compressobj(1, zlib.DEFLATED, 31)
+    zeros = b"\0" * (8 * MiB)
+    return b"".join([packer.compress(zeros) for _ in range(125)] + [packer.flush()])
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (the request helper among them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _run_watching_rss(args: list, env: dict, timeout: float = 120):
+    """(CompletedProcess, peak resident bytes of the command's process tree), sampled."""
+    from tests.conftest import TENSORFS
+
+    proc = subprocess.Popen([*TENSORFS, *map(str, args)], env=env, text=True,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = 0
+    out: list = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate(timeout=timeout)))
+    reader.start()
+    while reader.is_alive():
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.02)
+    stdout, stderr = out[0]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lying_answer_at_mount_is_one_line_and_is_not_read_past_the_range(kind, corpus, hostile,
                                                                            remote_env):
     data = corpus.models["big"].local.read_bytes()
+    _gzip_bomb()                    # made before the clock runs
     server = hostile(_lying(kind, data))
-    line = _one_line(run_tensorfs("inspect", f"{server.url}/m.safetensors", "--timeout", "10",
-                                  env=remote_env, timeout=120))
-    print(line)
+    result, peak = _run_watching_rss(["inspect", f"{server.url}/m.safetensors", "--timeout", "10"],
+                                     remote_env)
+    line = _one_line(result)
+    print(line, peak >> 20, "MiB")
     assert server.sent < 300 * MiB, server.sent      # what the client read, and so held
+    assert peak < 300 * MiB, peak
 
 
 @pytest.mark.parametrize("kind", ["long", "endless", "gzip", "other-range"])
