@@ -12,6 +12,9 @@ R3  `tensorfs mount` of the remote GGUF with a 150k-token vocabulary and 3,000 t
     ready vs gguf.GGUFReader on the local file                                goal <= 0.2
 R4  a second mount with --disk-cache reading the whole model again: bytes fetched again
     (nginx's access log)                                                      goal 0
+R5  four readers at once, each of its own 64 MiB tensor of one http mount, vs four `curl`s of
+    the same ranges at once (total bytes / wall time of the slowest)          goal >= 0.8
+R6  the daemon's CPU seconds (user + system, /proc/PID/stat) per GiB read in R1  goal <= 0.5
 
 Writes its table into docs/benchmarks.md between the remote markers (and prints it).
 """
@@ -135,11 +138,14 @@ def r1_r2(b: RemoteBench, server: Nginx) -> None:
     for label, rtt in (("R1", 0.0), ("R2", a.rtt_ms / 1000)):
         with proxy(server.port, rtt, a.window_mib * MiB) if rtt else _direct(server.url) as base:
             url = f"{base}/files/big.safetensors"
-            ours, refs = [], []
+            ours, refs, cpu = [], [], []
             for _ in range(a.repeat):
                 refs.append(curl(url, offset, size))
                 with b.mount(url, "--timeout", "120") as (mnt, _):
+                    pid = _daemon_pid(mnt)
+                    before = _cpu_seconds(pid)
                     n, dt = read_all(mnt / "big" / "weight")
+                    cpu.append(_cpu_seconds(pid) - before)
                     assert n == size
                     ours.append(dt)
             mbps = lambda dt: size / dt / 1e6  # noqa: E731
@@ -152,6 +158,55 @@ def r1_r2(b: RemoteBench, server: Nginx) -> None:
                 what = f"sequential read of a {a.big_mib} MiB tensor, http mount vs `curl` of the same range"
                 goal = ">= 0.8"
             b.row(label, what, mbps(min(ours)), mbps(min(refs)), "MB/s", goal)
+            if not rtt:
+                b.row("R6", f"daemon CPU seconds per GiB read (R1, best of {a.repeat})",
+                      min(cpu) / (size / (1 << 30)), 1.0, "s/GiB", "<= 0.5")
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _daemon_pid(mnt: Path) -> int:
+    from tensorfs.runtime import pid_file
+
+    with open(pid_file(str(mnt))) as f:
+        return int(f.read().split()[0])
+
+
+def r5(b: RemoteBench, server: Nginx) -> None:
+    """Four readers of four 64 MiB tensors of one file at once vs four curls at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from safetensors.numpy import save_file
+
+    size = 64 * MiB
+    path = b.work / "four.safetensors"
+    if not path.exists():
+        rng = np.random.default_rng(2)
+        save_file({f"t{i}.weight": rng.integers(0, 255, size, dtype=np.uint8) for i in range(4)},
+                  str(path))
+    from tensorfs.modelfile import parse_model_file
+
+    tensors = [t for t in parse_model_file(str(path)).tensors]
+    url = server.put("files/four.safetensors", path)
+    ours, refs = [], []
+    for _ in range(b.args.repeat):
+        with ThreadPoolExecutor(4) as pool:
+            t0 = time.perf_counter()
+            list(pool.map(lambda t: curl(url, t.offset, t.nbytes), tensors))
+            refs.append(time.perf_counter() - t0)
+        with b.mount(url, "--timeout", "120") as (mnt, _):
+            with ThreadPoolExecutor(4) as pool:
+                t0 = time.perf_counter()
+                got = list(pool.map(lambda t: read_all(mnt / t.name.replace(".", "/"))[0], tensors))
+                ours.append(time.perf_counter() - t0)
+            assert got == [size] * 4, got
+    mbps = lambda dt: 4 * size / dt / 1e6  # noqa: E731
+    b.row("R5", "four readers of four 64 MiB tensors of one http mount at once vs four `curl`s "
+          "at once", mbps(min(ours)), mbps(min(refs)), "MB/s", ">= 0.8")
 
 
 @contextmanager
@@ -256,7 +311,7 @@ def write_docs(text: str, path: Path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="r1r2,r3,r4")
+    p.add_argument("--rows", default="r1r2,r5,r3,r4")
     p.add_argument("--big-mib", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--rtt-ms", type=float, default=20)
@@ -275,7 +330,7 @@ def main() -> int:
     t0 = time.perf_counter()
     try:
         for name in args.rows.split(","):
-            {"r1r2": r1_r2, "r3": r3, "r4": r4}[name](b, server)
+            {"r1r2": r1_r2, "r5": r5, "r3": r3, "r4": r4}[name](b, server)
     finally:
         server.stop()
     elapsed = time.perf_counter() - t0

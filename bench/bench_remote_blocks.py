@@ -97,6 +97,9 @@ def bench_curl(url, offset, nbytes) -> float:
 
 
 def main() -> None:
+    from tensorfs.transports.objects import serve_here
+
+    serve_here()        # this process never forks: obstore runs here, not in a helper
     from safetensors.numpy import save_file
 
     from tests.servers import Nginx, Proxy

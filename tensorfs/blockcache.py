@@ -20,17 +20,21 @@ block cache for tensors adds to a plain LRU of blocks:
 
 The fetch function (``tensorfs.remote.RemoteSource``) does the retries, the timeout and the
 version check; this module only decides which ranges to ask for and who waits for what.
+It owns the blocks: each is what the fetch function returned (``bytes``, or the transport
+library's own buffer), kept as it is and lent out as views, never copied again; the blocks
+of a merged request are views of its one answer.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
+import logging
 import os
-import sys
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import OrderedDict, deque
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
@@ -44,83 +48,65 @@ MAX_REQUEST = 16 << 20          # bytes in one merged request
 SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at first read
 MAX_AHEAD = 16                  # blocks of read-ahead, at most
 STREAMS = 16                    # sequential readers told apart per file
-FETCH_THREADS = 32              # read-ahead requests in flight, all files together
+# Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
+# (docs/remote.md "Measured", R2), and four readers of four tensors share them (R5).
+IN_FLIGHT = 16
 
-POOLED = 8                      # spare block buffers kept for reuse, at most
-
-_executor: ThreadPoolExecutor | None = None
-_executor_pid = 0
-_executor_lock = threading.Lock()
+log = logging.getLogger("tensorfs")
 
 
-def _pool() -> ThreadPoolExecutor:
-    """The read-ahead threads, made in the process that uses them (the daemon forks after
-    the mount's headers are read: threads do not survive a fork)."""
-    global _executor, _executor_pid
-    with _executor_lock:
-        if _executor is None or _executor_pid != os.getpid():
-            _executor = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tensorfs-fetch")
-            _executor_pid = os.getpid()
-        return _executor
+class Fetcher:
+    """The fetch threads of one mount: at most ``in_flight`` requests at once.  Jobs a reader
+    waits for (``urgent``) go first; read-ahead is taken from each ``key`` (a tensor being
+    read) in turn, so that one reader's long window does not starve the others.  The threads
+    are made in the process that uses them (the daemon forks after the mount's headers are
+    read: threads do not survive a fork) and are daemon threads: a request that hangs never
+    holds up the process's exit."""
+
+    def __init__(self, in_flight: int = IN_FLIGHT):
+        self.in_flight = in_flight
+        self._cond = threading.Condition()
+        self._urgent: deque = deque()
+        self._ahead: OrderedDict = OrderedDict()       # key -> deque of jobs
+        self._pid = 0
+        self._threads = 0
+
+    def submit(self, job: Callable[[], None], urgent: bool, key=None) -> None:
+        with self._cond:
+            if self._pid != os.getpid():
+                self._pid, self._threads = os.getpid(), 0
+            if urgent:
+                self._urgent.append(job)
+            else:
+                self._ahead.setdefault(key, deque()).append(job)
+            if self._threads < self.in_flight:
+                self._threads += 1
+                threading.Thread(target=self._work, name="tensorfs-fetch", daemon=True).start()
+            self._cond.notify()
+
+    def _next(self) -> Callable[[], None]:
+        with self._cond:
+            while not self._urgent and not self._ahead:
+                self._cond.wait()
+            if self._urgent:
+                return self._urgent.popleft()
+            key, jobs = next(iter(self._ahead.items()))
+            job = jobs.popleft()
+            del self._ahead[key]
+            if jobs:
+                self._ahead[key] = jobs         # to the back: the next key's turn
+            return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._next()
+            try:
+                job()
+            except BaseException:           # noqa: BLE001 - a job reports to its own futures
+                log.exception("a fetch failed unexpectedly")
 
 
-class BufferPool:
-    """Block-sized ``bytearray`` buffers to receive bodies into, used again once served.
-
-    Memory the process touches for the first time costs a page fault per 4 KiB, zeroed by
-    the kernel: receiving a 256 MiB tensor into fresh 4 MiB objects cost about half of the
-    event loop thread's CPU, with the GIL held (docs/remote.md "Measured").  A buffer comes
-    back only when nothing else refers to it (``give``), so no reader ever sees its bytes
-    change."""
-
-    def __init__(self, size: int, keep: int = POOLED):
-        self.size = size
-        self.keep = keep
-        self._spare: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bytearray:
-        if n == self.size:
-            with self._lock:
-                if self._spare:
-                    return self._spare.pop()
-        return bytearray(n)
-
-    def give(self, buf) -> None:
-        """Keep ``buf`` for a later ``take`` if the caller's local variable is the only
-        reference to it; anything else still using it keeps it."""
-        if (type(buf) is bytearray and len(buf) == self.size
-                and sys.getrefcount(buf) <= _ONLY_THE_CALLERS):
-            with self._lock:
-                if len(self._spare) < self.keep:
-                    self._spare.append(buf)
-
-
-def _refs_seen_by_give() -> int:
-    """What ``give`` counts for a buffer only its caller's local variable refers to,
-    measured the way ``give`` measures (not assumed: 3.14 counts borrowed references
-    differently, and a count too high would hand out a buffer someone still reads)."""
-    def count(buf):
-        return sys.getrefcount(buf)
-
-    local = bytearray(0)
-    return count(local)
-
-
-_ONLY_THE_CALLERS = _refs_seen_by_give()
-
-
-_pools: dict[int, BufferPool] = {}
-
-
-def buffer_pool(size: int | None = None) -> BufferPool:
-    """The pool of ``size``-byte buffers (default: ``BLOCK_SIZE``, as it is now: bench/
-    varies it)."""
-    size = BLOCK_SIZE if size is None else size
-    pool = _pools.get(size)
-    if pool is None:
-        pool = _pools.setdefault(size, BufferPool(size))
-    return pool
+_default_fetcher = Fetcher()
 
 
 class BlockReader:
@@ -129,8 +115,9 @@ class BlockReader:
 
     def __init__(self, key: tuple, size: int, fetch: Callable[[int, int, float], bytes],
                  memory, disk: "DiskCache | None" = None, disk_key: str | None = None,
-                 block_size: int = BLOCK_SIZE):
+                 block_size: int = BLOCK_SIZE, fetcher: Fetcher | None = None):
         self.key = key
+        self.fetcher = fetcher or _default_fetcher
         self.size = size
         self.fetch = fetch
         self.memory = memory            # tensorfs.cache.ByteLRU: lookup / put
@@ -195,12 +182,10 @@ class BlockReader:
 
     def _let_go(self, index: int) -> None:
         """A block FUSE has served in full leaves the memory cache: the kernel's page cache
-        holds its bytes now, and its buffer receives a later block (``BufferPool``) unless
-        someone else still holds it.  A block read again (the kernel dropped its pages,
-        another tensor in the same block) is fetched again, never served wrong."""
-        data = self.memory.pop((self.key, index))
-        if data is not None:
-            buffer_pool(self.block).give(data)
+        holds its bytes now.  A block read again (the kernel dropped its pages, another
+        tensor in the same block) is fetched again, never served wrong; a reader still
+        holding it keeps it alive (it is never reused for other bytes)."""
+        self.memory.pop((self.key, index))
 
     def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
         i = bisect.bisect_right(self._starts, offset) - 1
@@ -240,18 +225,26 @@ class BlockReader:
             raise TimeoutError("no answer in time") from None
 
     def _fetch_runs(self, indices: list[int], deadline: float) -> None:
-        """Fetch the pending blocks ``indices`` (sorted), adjacent ones in one request."""
+        """Fetch the pending blocks ``indices`` (sorted), adjacent ones in one request, each
+        request a job of the mount's fetch threads (the caller waits for the blocks)."""
         runs: list[list[int]] = []
         per_request = max(1, MAX_REQUEST // self.block)
         for index in indices:
-            if self._from_disk(index):
-                continue
             if runs and runs[-1][-1] == index - 1 and len(runs[-1]) < per_request:
                 runs[-1].append(index)
             else:
                 runs.append([index])
         for run in runs:
-            self._fetch_run(run, deadline)
+            self.fetcher.submit(functools.partial(self._fetch_disk_or_run, run, deadline),
+                                urgent=True)
+
+    def _fetch_disk_or_run(self, run: list[int], deadline: float) -> None:
+        missing = [index for index in run if not self._from_disk(index)]
+        while missing:                  # what the disk lacked, in adjacent runs again
+            part = [missing.pop(0)]
+            while missing and missing[0] == part[-1] + 1:
+                part.append(missing.pop(0))
+            self._fetch_run(part, deadline)
 
     def _from_disk(self, index: int) -> bool:
         if self.disk is None:
@@ -279,13 +272,13 @@ class BlockReader:
                 if not future.done():
                     future.set_exception(error)
             return
-        if len(run) == 1:               # the answer is the block: no copy
+        if len(run) == 1:               # the answer is the block
             self._resolve(run[0], data, keep_on_disk=True)
             return
-        view = memoryview(data)
+        view = memoryview(data)         # each block a view of the one answer: no copy
         for index in run:
             offset = index * self.block - start
-            self._resolve(index, bytes(view[offset:offset + self._block_len(index)]),
+            self._resolve(index, view[offset:offset + self._block_len(index)],
                           keep_on_disk=True)
 
     def _resolve(self, index: int, data: bytes, keep_on_disk: bool) -> None:
@@ -335,10 +328,10 @@ class BlockReader:
                 self._pending[index] = Future()
                 todo.append(index)
         if todo:
-            pool = _pool()
             deadline = time.monotonic() + 3600      # nobody waits on read-ahead but readers,
             for index in todo:                      # who wait with their own deadline
-                pool.submit(self._fetch_ahead, index, deadline)
+                self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
+                                    urgent=False, key=(id(self), i))
 
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead

@@ -10,6 +10,18 @@ import dataclasses
 from tensorfs.model import Model
 
 
+def location_for(path: str, remote=None):
+    """The location of what the user named: a URL's (``tensorfs.remote``, read as ``remote``,
+    a ``RemoteSettings``, says) or the local filesystem's."""
+    from tensorfs.location import LocalLocation, is_url
+
+    if is_url(path):
+        from tensorfs.remote import RemoteLocation, RemoteSettings
+
+        return RemoteLocation(path, remote or RemoteSettings())
+    return LocalLocation()
+
+
 def load_model(path: str, remote=None) -> Model:
     """The model a mount of ``path`` serves: one file, or the shards an index, a split
     GGUF's first shard or a directory stands for (``tensorfs.shards``); ``path`` may be a
@@ -17,7 +29,6 @@ def load_model(path: str, remote=None) -> Model:
     holds each file's source, opened once and parsed from: the mount serves from them
     (``Model.close()`` when done)."""
     from tensorfs import shards
-    from tensorfs.location import location_for
 
     location = location_for(path, remote)
     named = location.normalize(path)

@@ -1,4 +1,5 @@
-"""Where the files of a model live: a local directory, or a remote prefix (``tensorfs.remote``).
+"""Where the files of a model live: a local directory, or a remote prefix (``tensorfs.remote``,
+chosen by ``tensorfs.loader.location_for``).
 
 ``tensorfs.shards`` resolves what the user named (a file, an index, a directory, a split
 GGUF's first shard) through a location only, so that every local form has a remote twin with
@@ -85,15 +86,6 @@ def url_secrets(url: str) -> list[str]:
 def is_url(text: str) -> bool:
     scheme, sep, _ = text.partition("://")
     return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and "/" not in scheme
-
-
-def location_for(path: str, remote=None):
-    """The location of what the user named; ``remote``: a ``tensorfs.remote.RemoteSettings``."""
-    if is_url(path):
-        from tensorfs.remote import RemoteLocation, RemoteSettings
-
-        return RemoteLocation(path, remote or RemoteSettings())
-    return LocalLocation()
 
 
 class Location:

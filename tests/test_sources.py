@@ -133,18 +133,19 @@ def test_load_model_keeps_the_sources_it_parsed_from(tmp_path):
 def test_a_url_without_the_remote_extra_is_one_line_naming_it(tmp_path):
     """The packages of tensorfs-fuse[remote] hidden (a module of that name that fails to
     import comes first on the path): a URL is refused with one line saying what to install."""
-    for module, url in (("fsspec", "http://127.0.0.1:9/m.gguf"),
+    for module, url in (("obstore", "http://127.0.0.1:9/m.gguf"),
                         ("huggingface_hub", "hf://org/repo/m.gguf"),
-                        ("s3fs", "s3://bucket/m.gguf")):
+                        ("obstore", "s3://bucket/m.gguf"),
+                        ("fsspec", "sftp://host/m.gguf")):
         shadow = tmp_path / module
-        (shadow / module).mkdir(parents=True)
+        (shadow / module).mkdir(parents=True, exist_ok=True)
         (shadow / module / "__init__.py").write_text(
             f"raise ImportError(\"No module named '{module}'\", name='{module}')\n")
         env = {**os.environ, "PYTHONPATH": str(shadow)}
         line = _one_line(run_tensorfs("inspect", url, env=env, timeout=60))
         assert line == (f"tensorfs: error: {url}: reading a URL needs the optional packages of "
-                        f"tensorfs-fuse[remote]: pip install 'tensorfs-fuse[remote]' "
-                        f"(missing: {module})")
+                        f"tensorfs-fuse[remote] (missing: {module}): in a tensorfs checkout, "
+                        f"pip install -e '.[remote]' (make test installs them into .venv)")
 
 
 def test_any_other_fsspec_protocol_mounts_like_the_path(tmp_path, mount):

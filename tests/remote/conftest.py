@@ -17,7 +17,7 @@ pytest.register_assert_rewrite("tests.remote.remote_checks")
 from tests.remote.remote_checks import HF_TOKEN, Corpus, Model
 from tests.servers import HubRepo, MotoServer, Nginx, Proxy
 
-REMOTE_LIBS = ("fsspec", "aiohttp", "s3fs", "huggingface_hub")
+REMOTE_LIBS = ("obstore", "fsspec", "s3fs", "huggingface_hub")
 MISSING = [m for m in REMOTE_LIBS if importlib.util.find_spec(m) is None]
 SKIP_REASON = (f"the remote extra is not installed (missing {', '.join(MISSING)}): "
                "pip install -e '.[remote]' (make test installs it)")

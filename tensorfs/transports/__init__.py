@@ -1,0 +1,38 @@
+"""Transports: the requests that fetch a remote file's bytes (SPEC §8, docs/remote.md).
+
+One module per protocol family, each turning its library's failures into ``FetchError``:
+
+- ``tensorfs.transports.http``: ``http://``, ``https://`` through obstore (Rust
+  ``object_store`` and reqwest: the body is received outside the GIL);
+- ``tensorfs.transports.hub``: ``hf://``, huggingface_hub for the revision's commit and the
+  listings, then the commit's files over HTTP(S) as above;
+- ``tensorfs.transports.cloud``: ``s3://`` (and ``gs://``, ``az://``) through obstore;
+- ``tensorfs.transports.generic``: any other protocol fsspec knows.
+
+``transport_for`` is the one place a URL picks its transport.  Above this package,
+``tensorfs.remote`` keeps a file's size and version, the retries and the block cache; a
+transport answers one request at a time and says, for each failure, what kind it is and
+whether another try may help.
+"""
+
+from __future__ import annotations
+
+
+def transport_for(url: str, settings):
+    """The one place a URL becomes a transport (ratarmount's factory, STYLE.md)."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in ("http", "https"):
+        from tensorfs.transports.http import HttpTransport
+
+        return HttpTransport(url, settings)
+    if scheme == "hf":
+        from tensorfs.transports.hub import HubTransport
+
+        return HubTransport(url, settings)
+    from tensorfs.transports.cloud import SCHEMES, CloudTransport
+
+    if scheme in SCHEMES:
+        return CloudTransport(url, settings)
+    from tensorfs.transports.generic import FsspecTransport
+
+    return FsspecTransport(url, settings)

@@ -1,0 +1,166 @@
+"""``hf://[datasets/|spaces/]ORG/REPO[@REVISION][/PATH]``: huggingface_hub resolves the
+revision to its commit (at mount) and lists directories; the files are read from the
+commit's resolve URLs (``ENDPOINT/ORG/REPO/resolve/COMMIT/PATH``) over HTTP(S) like any URL
+(``tensorfs.transports.http``), with the token huggingface_hub finds sent as
+``Authorization: Bearer`` (which reqwest drops on the redirect to the Hub's CDN, another
+origin).  Every huggingface_hub call is waited for at most ``--timeout``
+(``tensorfs.transports.bounded``) and each failure is one line: a gated repo, a missing
+repo or revision, an answer that is not the Hub's JSON.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tensorfs.errors import ModelError
+from tensorfs.location import DIRECTORY, FILE, display_url
+from tensorfs.transports.base import FetchError, bounded, missing_extra
+from tensorfs.transports.http import HttpTransport
+from tensorfs.transports.objects import obstore
+
+
+class HubTransport(HttpTransport):
+    etag_checked = False            # the commit pins the bytes (a CDN's ETag may differ)
+    listable = True
+
+    def normalize(self, path):
+        shown = display_url(path)
+        return shown.rstrip("/") if shown.rstrip("/") != "hf:" else shown
+    hint_401 = "a gated or private repo: set HF_TOKEN to a token with access"
+
+    def _connect(self) -> None:
+        try:
+            import huggingface_hub
+        except ImportError:
+            raise missing_extra("huggingface_hub", self.url) from None
+        obstore(self.url)
+        self._stores: dict[str, object] = {}
+        self._query = ("", "")
+        options = dict(self.settings.storage_options)
+        self.token = options.pop("token", None) or huggingface_hub.get_token()
+        self.endpoint = (options.pop("endpoint", None)
+                         or huggingface_hub.constants.ENDPOINT).rstrip("/")
+        self._headers = dict(options.pop("headers", None) or {})
+        self._extra = options
+        if self.token:
+            self._headers["Authorization"] = f"Bearer {self.token}"
+        self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=self.token or False)
+        rest = self.url.split("://", 1)[1]
+        self.repo_type, self.type_prefix = "model", ""
+        for kind in ("datasets", "spaces"):
+            if rest.startswith(kind + "/"):
+                self.repo_type, self.type_prefix, rest = kind[:-1], kind + "/", rest[len(kind) + 1:]
+        parts = rest.split("/")
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            raise ModelError("remote_url", "an hf:// URL is hf://ORG/REPO[@REVISION][/PATH]",
+                             file=display_url(self.url))
+        repo, _, revision = parts[1].partition("@")
+        self.repo_id = f"{parts[0]}/{repo}"
+        self.root = f"hf://{self.type_prefix}{parts[0]}/{parts[1]}"
+        self.revision = revision or "main"
+        if not hasattr(self, "commit"):
+            self.commit = self._resolve()
+        self._listings: dict[str, tuple[set, set]] = {}
+
+    def _hub_call(self, fn, what: str):
+        """``fn()`` (a huggingface_hub call), within ``--timeout``; a failure the Hub's
+        errors do not name (no network, an answer that is not JSON) as one line."""
+        shown = display_url(self.url)
+        try:
+            return bounded(fn, self.settings.timeout)
+        except FetchError as error:
+            raise ModelError("remote_timeout", f"{what}: {error.message} from {self.endpoint}",
+                             file=shown) from None
+        except ValueError as error:         # JSONDecodeError and the like: not the Hub's JSON
+            raise ModelError("remote_error", f"{what}: {self.endpoint} answered something "
+                             f"that is not the Hub's JSON ({type(error).__name__})",
+                             file=shown) from None
+
+    def _resolve(self) -> str:
+        """The revision's commit, at mount: every read names it."""
+        from huggingface_hub.utils import (GatedRepoError, HfHubHTTPError,
+                                           RepositoryNotFoundError, RevisionNotFoundError)
+
+        shown = display_url(self.url)
+        try:
+            info = self._hub_call(lambda: self.api.repo_info(
+                self.repo_id, revision=self.revision, repo_type=self.repo_type,
+                timeout=self.settings.timeout), "resolving the revision")
+        except GatedRepoError:
+            raise ModelError("remote_denied", f"access denied: {self.hint_401}", file=shown) from None
+        except RepositoryNotFoundError:
+            raise ModelError("remote_not_found", f"repository {self.repo_id} not found (or private: "
+                             "set HF_TOKEN)", file=shown) from None
+        except RevisionNotFoundError:
+            raise ModelError("remote_not_found", f"revision {self.revision!r} not found in "
+                             f"{self.repo_id}", file=shown) from None
+        except HfHubHTTPError as error:
+            status = getattr(getattr(error, "response", None), "status_code", None)
+            raise ModelError("remote_error", f"the Hub answered HTTP {status}", file=shown) from None
+        except ModelError:
+            raise
+        except Exception as error:      # no network: httpx / requests connection errors
+            raise ModelError("remote_unreachable", f"cannot connect to {self.endpoint}: "
+                             f"{type(error).__name__}", file=shown) from None
+        sha = getattr(info, "sha", None)
+        if not isinstance(sha, str) or not sha:
+            raise ModelError("remote_error", f"{self.endpoint} named no commit for revision "
+                             f"{self.revision!r}", file=shown)
+        return sha
+
+    def probe(self, path, timeout):
+        size, _, first, mtime = super().probe(path, timeout)
+        return size, self.commit, first, mtime
+
+    def _in_repo(self, path: str) -> str:
+        if path == self.root:
+            return ""
+        if not path.startswith(self.root + "/"):
+            raise ModelError("shard_path", "outside the repository", file=path)
+        return path[len(self.root) + 1:].strip("/")
+
+    def real(self, path):
+        return (f"{self.endpoint}/{self.type_prefix}{self.repo_id}/resolve/{self.commit}/"
+                f"{quote(self._in_repo(path))}")
+
+    def _listing(self, directory: str) -> tuple[set, set]:
+        if directory not in self._listings:
+            from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
+
+            shown = f"{self.root}/{directory}".rstrip("/")
+            files, dirs = set(), set()
+            try:
+                entries = self._hub_call(lambda: list(self.api.list_repo_tree(
+                    self.repo_id, path_in_repo=directory or None, revision=self.commit,
+                    repo_type=self.repo_type)), "listing")
+            except EntryNotFoundError:
+                entries = []
+            except HfHubHTTPError as error:
+                status = getattr(getattr(error, "response", None), "status_code", None)
+                if status != 404:
+                    raise ModelError("remote_error", f"listing failed: HTTP {status}",
+                                     file=shown) from None
+                entries = []
+            except ModelError:
+                raise
+            except Exception as error:      # noqa: BLE001 - no network, a broken answer
+                raise ModelError("remote_error", f"listing failed: {type(error).__name__}",
+                                 file=shown) from None
+            for entry in entries:
+                name = str(getattr(entry, "path", "")).rsplit("/", 1)[-1]
+                if name:
+                    (dirs if type(entry).__name__ == "RepoFolder" else files).add(name)
+            self._listings[directory] = (files, dirs)
+        return self._listings[directory]
+
+    def kind(self, path):
+        in_repo = self._in_repo(path)
+        if not in_repo:
+            return DIRECTORY
+        parent, _, name = in_repo.rpartition("/")
+        files, dirs = self._listing(parent)
+        return FILE if name in files else DIRECTORY if name in dirs else None
+
+    def files(self, directory):
+        return sorted(n for n in self._listing(self._in_repo(directory))[0]
+                      if not n.startswith("."))
