@@ -34,7 +34,7 @@ CASES = [("3.10.5", "3.10.5", "3.10.5/libfuse3.so.3.10.5"),
          ("so4-only", "3.17.2", "so4-only/libfuse3.so.4")]
 
 # The focused subset: every callback the binding has, its options and its ending.
-SUBSET = ["tests/test_fuse3.py", "tests/test_xattrs.py",
+SUBSET = ["tests/test_fuse3.py", "tests/test_xattrs.py", "tests/test_files.py",
           "tests/test_mount_readiness.py::test_max_read_mounts_and_serves_the_oracles_bytes",
           "tests/test_shutdown.py::test_signal_to_the_daemon_with_readers_active",
           "tests/test_shutdown.py::test_unmount_waits_for_readers_to_be_answered"]
