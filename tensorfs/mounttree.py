@@ -30,6 +30,7 @@ class MountedModel:
     sources: dict[str, ModelSource]
     cache: ByteLRU
     pool: WorkerPool | None = None
+    whole_files: bool = False           # files/ is served
 
     def start(self, mountpoint: str | None = None) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
@@ -38,6 +39,13 @@ class MountedModel:
         for source in self.sources.values():
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
+            blocks = getattr(source, "blocks", None)
+            if blocks is not None and self.whole_files:
+                # A block served through a tensor's file is in that file's page cache, not
+                # in the whole file's (nor the reverse): it stays in the memory cache (LRU,
+                # --cache-size) instead of being let go once served, so that it is not
+                # fetched again for the other file (SPEC §11).
+                blocks.page_cached = False
         for companion in self.model.companions:
             companion.start()
         aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
@@ -243,4 +251,4 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
 
     if tensor_views:
         tree.add_tensors([t.name for t in tensors], layout, make_files)
-    return MountedModel(model, tree, sources, cache, pool)
+    return MountedModel(model, tree, sources, cache, pool, whole_files="files" in views)

@@ -207,6 +207,8 @@ class WholeFileView:
         if offset >= total or len(buf) == 0:
             return 0
         size = min(len(buf), total - offset)
+        if hasattr(source, "blocks"):       # a remote file: read-ahead over the whole file,
+            return source.read_into(offset, buf[:size], span=(0, total))    # not one tensor
         return source.read_into(offset, buf[:size])
 
     def read(self, offset: int, size: int) -> bytes:
