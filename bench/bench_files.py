@@ -58,8 +58,10 @@ def unmount(mnt: Path, env: dict) -> None:
 
 
 def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
-        work: Path, repeat: int) -> dict:
+        work: Path, repeat: int, copy: bool = False) -> dict:
     env = dict(os.environ)
+    if copy:            # local reads copied through Python, as before splice
+        env["TENSORFS_FD_REPLIES"] = "0"
     if libdir:
         env["LD_LIBRARY_PATH"] = str(Path(libdir).resolve())
     best = {}
@@ -85,7 +87,7 @@ def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
         row = {"W1": direct / w1, "W2": direct / w2, "W3": direct_range / w3,
                "direct_GBps": model.stat().st_size / direct / 1e9,
                "libfuse": re.search(r"libfuse (\S+)", text)[1],
-               "mechanism": re.search(r"local files: (\w+)", text)[1]}
+               "mechanism": "python copy" if copy else re.search(r"local files: (\w+)", text)[1]}
         for key in ("W1", "W2", "W3"):
             best[key] = max(best.get(key, 0), row[key])
         best.update({k: row[k] for k in ("libfuse", "mechanism")})
@@ -109,8 +111,9 @@ def main() -> None:
               f"on {os.cpu_count()} CPUs")
         print("| libfuse | mechanism | W1 fresh | W2 warm | W3 raw tensor | direct GB/s |")
         print("|---|---|---|---|---|---|")
-        for libdir in [None, *args.libfuse]:
-            r = run(model, offset, n, libdir, work, args.repeat)
+        runs = [(None, False), *((d, False) for d in args.libfuse), (None, True)]
+        for libdir, copy in runs:
+            r = run(model, offset, n, libdir, work, args.repeat, copy)
             print(f"| {r['libfuse']} | {r['mechanism']} | {r['W1']:.2f} | {r['W2']:.2f} | "
                   f"{r['W3']:.2f} | {r['direct_GBps']:.1f} |")
         print(f"load after {os.getloadavg()[0]:.2f}")

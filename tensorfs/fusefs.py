@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 from tensorfs.fuse3 import Entry, FsError, Session
 from tensorfs.namespace import DirNode, Tree
@@ -22,6 +23,11 @@ BLOCK_SIZE = 1 << 20
 # The kernel's read-ahead window on the mount: one libfuse 3 request (its largest), rather
 # than the 128 KiB default (tensorfs.fuse3.Session._raise_read_ahead; benchmark row 1).
 READ_AHEAD_KIB = 1024
+
+# TENSORFS_FD_REPLIES=0 turns off replies that name the model's descriptor (splice): local
+# reads are copied through Python as before.  For benchmarks (bench/bench_files.py, row W3)
+# and as a way out should a kernel mishandle them.
+FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "1") != "0"
 
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
@@ -104,7 +110,7 @@ class TensorFS:
         return check() if check is not None else None
 
     def read_fd(self, ino: int, offset: int, size: int):
-        ranged = getattr(self._file_view(ino), "read_fd", None)
+        ranged = getattr(self._file_view(ino), "read_fd", None) if FD_REPLIES else None
         return ranged(offset, size) if ranged is not None else None
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
