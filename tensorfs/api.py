@@ -8,6 +8,8 @@
         t = m.tensors["blk.0.attn_q.weight"]        # dtype, shape, offset, nbytes, file
         raw = m.read("blk.0.attn_q.weight")         # the stored bytes
         a = m.array("blk.0.attn_q.weight")          # the .npy view's values
+        m.files["config.json"].size                 # what a mount's files/ holds (SPEC §11)
+        m.read_file("config.json")                  # ... and its bytes
 
 It goes through the layers a mount uses — ``load_model`` (parsers, validation, shards),
 one source per file, ``plan_view`` and the kernels of ``tensorfs.convert`` — and stops
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -30,8 +32,37 @@ from tensorfs.loader import load_model
 from tensorfs.model import Model, TensorInfo
 from tensorfs.plan import plan_view
 from tensorfs.source import ModelSource
+from tensorfs.wholefiles import whole_file_views
 
-__all__ = ["open", "OpenModel", "ModelError", "TensorInfo"]
+__all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
+
+
+class WholeFile(NamedTuple):
+    """One file of ``files/``: its name there, size in bytes and mtime (ns)."""
+    name: str
+    size: int
+    mtime_ns: int
+
+
+class _Files(Mapping):
+    """name -> ``WholeFile``, in a mount's ``files/`` order; a remote companion (a config
+    file of a repository) is asked for its size only when its entry is looked at."""
+
+    def __init__(self, views):
+        self._views = views
+
+    def __getitem__(self, name: str) -> WholeFile:
+        view = self._views[name]
+        return WholeFile(name, view.size, view.mtime_ns)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __repr__(self) -> str:
+        return f"<files: {', '.join(self._views)}>"
 
 # Converted tensors are converted this many stored bytes at a time (whole blocks): the
 # stored bytes of one slab are all the memory used besides the float32 result.
@@ -106,6 +137,9 @@ class OpenModel:
         # built by hand has none, and its files are opened here.
         self._sources: dict | None = dict(model.sources) or {
             f.path: ModelSource(f.path, f.file_size) for f in model.files}
+        self._file_views = whole_file_views(model, self._sources)
+        # ``files``: what a mount's files/ holds, name -> WholeFile (name, size, mtime_ns)
+        self.files: Mapping[str, WholeFile] = _Files(self._file_views)
 
     # -- life ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -114,6 +148,9 @@ class OpenModel:
         sources, self._sources = self._sources, None
         for source in (sources or {}).values():
             source.close()
+        if sources is not None:
+            for companion in self.model.companions:
+                companion.close()
 
     def __enter__(self) -> "OpenModel":
         return self
@@ -148,6 +185,24 @@ class OpenModel:
         offset = min(offset, tensor.nbytes)
         end = tensor.nbytes if size is None else min(tensor.nbytes, offset + size)
         return source.read(tensor.offset + offset, end - offset)
+
+    def read_file(self, name: str, offset: int = 0, size: int | None = None) -> bytes:
+        """The bytes of the file ``files/NAME`` of a mount would hold (a model file, an
+        index, a config or tokenizer file), or ``size`` of them from ``offset`` (clipped to
+        the file).  ``KeyError`` for a name ``files`` lacks; ``OSError`` (EIO) if the file
+        changed since ``open``."""
+        if self._sources is None:
+            raise ValueError("the model is closed")
+        if offset < 0 or (size is not None and size < 0):
+            raise ValueError("offset and size must not be negative")
+        try:
+            view = self._file_views[name]
+        except KeyError:
+            raise KeyError(f"no file named {name!r}") from None
+        total = view.size
+        offset = min(offset, total)
+        end = total if size is None else min(total, offset + size)
+        return view.read(offset, end - offset)
 
     def array(self, name: str) -> np.ndarray:
         """The values the tensor's ``.npy`` view holds, shaped in numpy order.

@@ -145,12 +145,14 @@ class BlockReader:
         self._ends = [o + n for o, n in extents]
 
     # -- reading ---------------------------------------------------------------------------
-    def read_into(self, offset: int, buf, deadline: float) -> int:
+    def read_into(self, offset: int, buf, deadline: float, span: tuple[int, int] | None = None) -> int:
+        """``span``: the extent of the file being read, that read-ahead may run to (a whole
+        file of files/: all of it); by default the tensor the read falls in."""
         size = len(buf)
         if size <= 0:
             return 0
         first, last = offset // self.block, (offset + size - 1) // self.block
-        self._read_ahead(offset, offset + size, last)   # before waiting: all in flight at once
+        self._read_ahead(offset, offset + size, last, span)  # before waiting: all in flight at once
         lo, hi = self._small_tensor(offset, first, last)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         out = memoryview(buf)
@@ -294,7 +296,7 @@ class BlockReader:
         return min(self.block, self.size - index * self.block)
 
     # -- read-ahead ------------------------------------------------------------------------
-    def _read_ahead(self, offset: int, end: int, last: int) -> None:
+    def _read_ahead(self, offset: int, end: int, last: int, span=None) -> None:
         """A read that starts where an earlier one ends (or up to a block further on: the
         kernel's read-ahead sends a file's next reads together, and FUSE threads take them in
         any order) continues that reader's stream: its window doubles and that many blocks
@@ -302,10 +304,13 @@ class BlockReader:
         mount is one tensor: what lies beyond is another file).  A stream is registered when
         its read starts, not when it ends.  Readers of one block at once are not a stream
         (their reads start before where the others' end)."""
-        i = bisect.bisect_right(self._starts, end - 1) - 1
-        if i < 0 or end > self._ends[i]:
-            return                      # not inside a tensor (a header): no read-ahead
-        limit = (self._ends[i] - 1) // self.block
+        if span is not None:
+            limit = (min(span[1], self.size) - 1) // self.block
+        else:
+            i = bisect.bisect_right(self._starts, end - 1) - 1
+            if i < 0 or end > self._ends[i]:
+                return                  # not inside a tensor (a header): no read-ahead
+            limit = (self._ends[i] - 1) // self.block
         with self._lock:
             key = None
             for known in self._streams:

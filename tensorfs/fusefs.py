@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 from tensorfs.fuse3 import Entry, FsError, Session
 from tensorfs.mountoptions import MountOptions
@@ -23,6 +24,11 @@ BLOCK_SIZE = 1 << 20
 # The kernel's read-ahead window on the mount: one libfuse 3 request (its largest), rather
 # than the 128 KiB default (tensorfs.fuse3.Session._raise_read_ahead; benchmark row 1).
 READ_AHEAD_KIB = 1024
+
+# TENSORFS_FD_REPLIES=0 turns off replies that name the model's descriptor (splice): local
+# reads are copied through Python as before.  For benchmarks (bench/bench_files.py, row W3)
+# and as a way out should a kernel mishandle them.
+FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "1") != "0"
 
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
@@ -70,7 +76,7 @@ class TensorFS:
         view = node.view
         if listing and not getattr(view, "cheap_size", False):
             return Entry(node.ino, False, None, 1)
-        return Entry(node.ino, False, view.size, 1)
+        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None))
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
@@ -91,6 +97,22 @@ class TensorFS:
         if len(entries) > KEEP_LISTING_ENTRIES:
             self._listings[ino] = entries
         return entries
+
+    def _file_view(self, ino: int):
+        node = self._node(ino)
+        if isinstance(node, DirNode):
+            raise FsError(errno.EISDIR)
+        return node.view
+
+    def open(self, ino: int) -> int | None:
+        """A view that can say so refuses a file changed since the mount (EIO) here, and may
+        name the descriptor holding all of it (tensorfs.fuse3: passthrough)."""
+        check = getattr(self._file_view(ino), "open", None)
+        return check() if check is not None else None
+
+    def read_fd(self, ino: int, offset: int, size: int):
+        ranged = getattr(self._file_view(ino), "read_fd", None) if FD_REPLIES else None
+        return ranged(offset, size) if ranged is not None else None
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         node = self._node(ino)

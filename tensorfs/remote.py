@@ -202,7 +202,8 @@ class RemoteSource:
         self.read_into(offset, buf)
         return bytes(buf)
 
-    def read_into(self, offset: int, buf) -> int:
+    def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
+        """``span``: the extent the reader reads in, for read-ahead (BlockReader.read_into)."""
         size = len(buf)
         if size <= 0:
             return 0
@@ -223,7 +224,7 @@ class RemoteSource:
                 self._head += more
                 buf[:] = memoryview(self._head)[offset:end]
                 return size
-            return self.blocks.read_into(offset, buf, deadline)
+            return self.blocks.read_into(offset, buf, deadline, span=span)
         except FetchError as error:
             raise self._failed(error, offset, size) from None
         except TimeoutError:

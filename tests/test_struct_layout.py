@@ -26,14 +26,35 @@ STRUCTS = {
     fuse3.ConnInfo: "struct fuse_conn_info",
     fuse3.FuseArgs: "struct fuse_args",
     fuse3._LoopConfig32: "struct fuse_loop_config",   # as FUSE_USE_VERSION 31 sees it
+    fuse3.FileInfo: "struct fuse_file_info",
+    fuse3.FuseBuf: "struct fuse_buf",
+    fuse3.FuseBufvec: "struct fuse_bufvec",
 }
 # Members the headers have only from some version on: (C type, member) -> minimum FUSE_VERSION.
 SINCE = {("struct fuse_conn_info", name): 317
          for name in ("max_backing_stack_depth", "capable_ext", "want_ext")}
+SINCE.update({("struct fuse_file_info", "backing_id"): 317,
+              ("struct fuse_file_info", "compat_flags"): 317,
+              ("struct fuse_buf", "mem_size"): 317})
+# Structures that grew in 3.17 (into what was tail padding, or at the end): before, the C
+# size is at most the ctypes one (libfuse reads no further than its own size).
+GREW_IN_317 = {"struct fuse_file_info", "struct fuse_buf", "struct fuse_bufvec"}
+# Bit fields of struct fuse_file_info written through FileInfo._bits: C sets each alone in
+# a zeroed struct, and the word after ``flags`` must be the mask tensorfs uses.
+FILE_INFO_BITS = {"keep_cache": fuse3.FI_KEEP_CACHE, "noflush": fuse3.FI_NOFLUSH}
+BITS_SINCE = {"noflush": 312}
+# Constants tensorfs copies from fuse_common.h: (C expression, value, since FUSE_VERSION).
+CONSTANTS = {"FUSE_CAP_SPLICE_WRITE": (fuse3.FUSE_CAP_SPLICE_WRITE, 0),
+             "FUSE_CAP_READDIRPLUS_AUTO": (fuse3.FUSE_CAP_READDIRPLUS_AUTO, 0),
+             "FUSE_CAP_PASSTHROUGH": (fuse3.FUSE_CAP_PASSTHROUGH, 317),
+             "FUSE_BUF_IS_FD": (fuse3.FUSE_BUF_IS_FD, 0),
+             "FUSE_BUF_FD_SEEK": (fuse3.FUSE_BUF_FD_SEEK, 0),
+             "FUSE_BACKING_STACKED_OVER": (fuse3.BACKING_STACKED_OVER, 317)}
 
 
 def _program() -> str:
     lines = ["#define FUSE_USE_VERSION 31", "#include <stddef.h>", "#include <stdio.h>",
+             "#include <string.h>", "#include <stdint.h>",
              "#include <sys/stat.h>", "#include <sys/statvfs.h>", "#include <fuse_lowlevel.h>",
              "#define M(T, m) printf(\"%s.%s|%zu|%zu\\n\", #T, #m, offsetof(T, m), "
              "sizeof(((T *)0)->m));",
@@ -51,6 +72,15 @@ def _program() -> str:
                 lines.append("#endif")
     for name in fuse3.OPS_SLOTS:
         lines.append(f"M(struct fuse_lowlevel_ops, {name})")
+    for name in FILE_INFO_BITS:
+        since = BITS_SINCE.get(name, 0)
+        lines += [f"#if FUSE_VERSION >= {since}", "{ struct fuse_file_info fi; uint32_t w;",
+                  f"memset(&fi, 0, sizeof fi); fi.{name} = 1;",
+                  "memcpy(&w, (char *)&fi + sizeof(fi.flags), 4);",
+                  f'printf("bit.{name}|%u\\n", w); }}', "#endif"]
+    for name, (_, since) in CONSTANTS.items():
+        lines += [f"#if FUSE_VERSION >= {since}",
+                  f'printf("const.{name}|%llu\\n", (unsigned long long)({name}));', "#endif"]
     lines += ['printf("FUSE_VERSION|%d\\n", FUSE_VERSION);', "return 0; }"]
     return "\n".join(lines) + "\n"
 
@@ -71,12 +101,25 @@ def _c_layout(tmp_path, cflags: list[str]) -> dict[str, tuple[int, ...]]:
 def _check(layout: dict) -> None:
     version = layout["FUSE_VERSION"][0]
     for struct, ctype in STRUCTS.items():
-        assert layout[ctype] == (ctypes.sizeof(struct),), ctype
+        if ctype in GREW_IN_317 and version < 317:
+            assert layout[ctype][0] <= ctypes.sizeof(struct), ctype
+        else:
+            assert layout[ctype] == (ctypes.sizeof(struct),), ctype
         for name, *_ in struct._fields_:
             if name.startswith("_") or SINCE.get((ctype, name), 0) > version:
                 continue
             field = getattr(struct, name)
+            if ctype in GREW_IN_317 and version < 317:      # buf[1]: a smaller fuse_buf
+                offset, size = layout[f"{ctype}.{name}"]
+                assert offset == field.offset and size <= field.size, f"{ctype}.{name}"
+                continue
             assert layout[f"{ctype}.{name}"] == (field.offset, field.size), f"{ctype}.{name}"
+    for name, mask in FILE_INFO_BITS.items():
+        if version >= BITS_SINCE.get(name, 0):
+            assert layout[f"bit.{name}"] == (mask,), name
+    for name, (value, since) in CONSTANTS.items():
+        if version >= since:
+            assert layout[f"const.{name}"] == (value,), name
     pointer = ctypes.sizeof(ctypes.c_void_p)
     for index, name in enumerate(fuse3.OPS_SLOTS):
         assert layout[f"struct fuse_lowlevel_ops.{name}"] == (index * pointer, pointer), name

@@ -77,7 +77,15 @@ def _write_corpus(root: Path) -> Corpus:
                "c.mid": rng.standard_normal((300, 1000)).astype(np.float32),
                "d.tiny": np.arange(3, dtype=np.int16)}, str(d / "big.safetensors"))
     models["big"] = Model([d / "big.safetensors"], "big.safetensors")
+    for key, model in models.items():
+        (model.folder / "README.md").write_text(f"# {key}\n")
     return Corpus(root, models)
+
+
+def folder_files(model: Model) -> dict[str, Path]:
+    """Every regular file of the model's folder: a repo or prefix holds what the local
+    directory does, so that their mounts' files/ agree (SPEC §11)."""
+    return {p.name: p for p in sorted(model.folder.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="session")
@@ -90,11 +98,7 @@ def hub_repos(corpus: Corpus) -> dict[str, HubRepo]:
     repos = {}
     for key, model in corpus.models.items():
         repo = HubRepo(f"tfs/{key}")
-        files = {p.name: p for p in model.files}
-        readme = model.folder / "README.md"
-        readme.write_text(f"# {key}\n")
-        files["README.md"] = readme
-        repo.commit(files)
+        repo.commit(folder_files(model))
         repos[key] = repo
     gated = HubRepo("tfs/gated", token=HF_TOKEN)
     gated.commit({"model.safetensors": corpus.models["safetensors"].local})
@@ -153,7 +157,7 @@ def s3(moto, corpus):
     fs = moto.s3fs()
     fs.mkdir("models")
     for key, model in corpus.models.items():
-        for path in model.files:
+        for path in folder_files(model).values():
             fs.put_file(str(path), f"models/{key}/{path.name}")
     fs.mkdir("versioned")
     fs.make_bucket_versioned("versioned")

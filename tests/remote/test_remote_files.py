@@ -1,0 +1,84 @@
+"""files/ of a remote mount (SPEC §11) over http and the Hub's layout (nginx): the bytes equal
+the served files, and the files share the block cache with the tensors: a block fetched for
+a tensor is not fetched again for the whole file, nor the reverse (counted in nginx's access
+log)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+from tests.remote.conftest import folder_files
+from tests.remote.remote_checks import doc_of
+from tests.servers import parse_range
+
+
+def _fetched_ranges(log, uri_part: str) -> list[tuple[int, int]]:
+    out = []
+    for r in log:
+        if r["method"] == "GET" and uri_part in r["uri"]:
+            start, end = parse_range(r["range"])
+            out.append((start, end))
+    return out
+
+
+def _covered(ranges) -> int:
+    """Bytes covered by ``ranges`` (inclusive ends), overlaps counted once."""
+    total, reach = 0, -1
+    for start, end in sorted(ranges):
+        if end > reach:
+            total += end - max(start, reach + 1) + 1
+            reach = end
+    return total
+
+
+@pytest.mark.parametrize("transport", ["http", "hf"])
+def test_remote_files_hold_the_served_bytes(transport, nginx, corpus, rmount):
+    model = corpus.models["sharded"]
+    if transport == "http":
+        url = f"{nginx.url}/files/sharded/{model.entry}"
+        expected = {p.name: p for p in model.files}         # an index: it and its shards
+    else:
+        url = "hf://tfs/sharded"
+        expected = folder_files(model)                      # a repo: all its top-level files
+    rmnt = rmount(url)
+    assert sorted(os.listdir(rmnt / "files")) == sorted(expected)
+    for name, local in expected.items():
+        assert (rmnt / "files" / name).read_bytes() == local.read_bytes(), name
+        assert os.stat(rmnt / "files" / name).st_size == local.stat().st_size
+    for local in model.files[1:]:           # safe_open maps the mounted shard
+        with safe_open(str(rmnt / "files" / local.name), "np") as served, \
+                safe_open(str(local), "np") as mine:
+            for key in mine.keys():
+                assert np.array_equal(served.get_tensor(key), mine.get_tensor(key)), key
+
+
+@pytest.mark.parametrize("order", ["tensor_first", "file_first"])
+def test_a_block_is_fetched_once_for_the_tensor_and_the_whole_file(order, nginx, corpus,
+                                                                     rmount):
+    model = corpus.models["big"]
+    local = model.local
+    rmnt = rmount(f"{nginx.url}/files/big/big.safetensors", "--cache-size", "512M")
+    entry = doc_of(rmnt)["tensors"]["b.big"]            # 9 MiB + 1: three 4 MiB blocks
+    whole = rmnt / "files" / "big.safetensors"
+    mark = nginx.log_mark()
+    if order == "tensor_first":
+        assert (rmnt / entry["path"]).read_bytes() == \
+            local.read_bytes()[entry["offset"]:entry["offset"] + entry["nbytes"]]
+        nginx.wait_quiet(mark)
+        assert whole.read_bytes() == local.read_bytes()
+    else:
+        assert whole.read_bytes() == local.read_bytes()
+        nginx.wait_quiet(mark)
+        assert (rmnt / entry["path"]).read_bytes() == \
+            local.read_bytes()[entry["offset"]:entry["offset"] + entry["nbytes"]]
+    log = nginx.wait_quiet(mark)
+    ranges = _fetched_ranges(log, "/files/big/big.safetensors")
+    fetched = sum(end - start + 1 for start, end in ranges)
+    # every byte of the file fetched once at most (what the mount fetched of the header
+    # before `mark` is served from memory and not fetched again either)
+    assert fetched == _covered(ranges), ranges
+    assert fetched <= local.stat().st_size, ranges
