@@ -387,19 +387,19 @@ def test_the_key_tells_endpoint_path_version_and_block_size_apart():
 def test_transports_name_their_endpoint(tmp_path):
     """Transport.identity: the same path through two endpoints is two identities (the
     disk cache key), and no credential is in it."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("aiohttp")
-    from tensorfs.remote import HttpTransport, RemoteSettings, S3Transport
+    pytest.importorskip("obstore")
+    from tensorfs.remote import RemoteSettings
+    from tensorfs.transports import transport_for
 
     def s3(endpoint):
-        return S3Transport("s3://models/m.safetensors",
-                           RemoteSettings(storage_options={"endpoint_url": endpoint}))
+        return transport_for("s3://models/m.safetensors",
+                             RemoteSettings(storage_options={"endpoint_url": endpoint}))
 
     one, two = s3("http://127.0.0.1:9000"), s3("http://127.0.0.1:9001")
     assert one.identity("s3://models/m.safetensors") != two.identity("s3://models/m.safetensors")
     assert "127.0.0.1:9000" in one.identity("s3://models/m.safetensors")
-    http = HttpTransport("http://user:pw@127.0.0.1:8080/m.safetensors", RemoteSettings())
+    http = transport_for("http://user:pw@127.0.0.1:8080/m.safetensors", RemoteSettings())
     shown = "http://127.0.0.1:8080/m.safetensors"
     assert http.identity(shown) == shown
-    other = HttpTransport("http://127.0.0.1:8081/m.safetensors", RemoteSettings())
+    other = transport_for("http://127.0.0.1:8081/m.safetensors", RemoteSettings())
     assert other.identity("http://127.0.0.1:8081/m.safetensors") != shown
