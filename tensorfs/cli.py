@@ -51,9 +51,9 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_views(text: str) -> tuple[str, ...]:
     views = {v.strip() for v in text.split(",") if v.strip()}
-    if not views or not views <= {"raw", "npy"}:
-        raise argparse.ArgumentTypeError(f"not a list of views: {text!r} (raw, npy or raw,npy)")
-    return tuple(v for v in ("raw", "npy") if v in views)
+    if not views or not views <= {"raw", "npy", "files"}:
+        raise argparse.ArgumentTypeError(f"not a list of views: {text!r} (some of raw,npy,files)")
+    return tuple(v for v in ("raw", "npy", "files") if v in views)
 
 
 def worker_count(text: str) -> int:
@@ -101,9 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
                        help="tree (default): a tensor a.b.c is the file a/b/c; flat: every "
                        "tensor at the top level under its full name")
-    mount.add_argument("--views", type=parse_views, default=("raw", "npy"), metavar="raw,npy",
-                       help="which files each tensor has: its raw bytes, its .npy view, or both "
-                       "(default); du of the mount is what cp -r of it writes")
+    mount.add_argument("--views", type=parse_views, default=("raw", "npy", "files"),
+                       metavar="raw,npy,files",
+                       help="what the mount serves: each tensor's raw bytes, its .npy view, "
+                       "files/ (the model's own files, whole); default all three; du of the "
+                       "mount is what cp -r of it writes")
     mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
                        f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")

@@ -34,7 +34,25 @@ from typing import NamedTuple
 log = logging.getLogger("tensorfs")
 
 ROOT_INO = 1
+# Capability bits (fuse_common.h, the same in every libfuse 3).
+FUSE_CAP_SPLICE_WRITE = 1 << 7
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
+FUSE_CAP_PASSTHROUGH = 1 << 29          # 3.17 on (Linux 6.9 on)
+# struct fuse_buf's flags (enum fuse_buf_flags)
+FUSE_BUF_IS_FD = 1 << 1
+FUSE_BUF_FD_SEEK = 1 << 2
+# struct fuse_file_info's bit fields, in the one 32-bit word after ``flags`` (GCC allocates
+# bit fields from the least significant bit on little-endian machines;
+# tests/test_struct_layout.py checks it)
+FI_KEEP_CACHE = 1 << 2
+FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
+# fuse_conn_info.max_backing_stack_depth: FUSE_BACKING_STACKED_OVER, so that a model on a
+# stacked filesystem (overlayfs: a container's root) can be a backing file too; the cost is
+# that this mount cannot itself be stacked under another overlay.
+BACKING_STACKED_OVER = 1
+
+# How the bytes of a local file reach the kernel (``Session.mechanism``, logged once).
+PASSTHROUGH, SPLICE, COPY = "passthrough", "splice", "copy"
 
 
 class FuseUnavailable(RuntimeError):
@@ -51,11 +69,13 @@ class FsError(OSError):
 class Entry(NamedTuple):
     """What ``stat`` says of one node.  The rest (owner, times, block size) is the same for
     every node of a mount and given to ``Session``.  In a listing, ``size`` None means "not
-    known without work": that entry goes without attributes and the kernel looks it up."""
+    known without work": that entry goes without attributes and the kernel looks it up.
+    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's."""
     ino: int
     is_dir: bool
     size: int | None
     nlink: int
+    mtime_ns: int | None = None
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
@@ -121,6 +141,33 @@ class ConnInfo(ctypes.Structure):
                 ("_flag_bits", ctypes.c_uint32),                   # no_interrupt:1, padding:31
                 ("capable_ext", ctypes.c_uint64), ("want_ext", ctypes.c_uint64),
                 ("_tail", ctypes.c_uint8 * 64)]      # reserved; 3.18 took request_timeout
+
+
+class FileInfo(ctypes.Structure):
+    """struct fuse_file_info: 40 bytes before 3.17, 64 from 3.17 on (``backing_id`` and the
+    fields after it were the tail padding).  Only ``_bits`` (FI_*), ``fh`` and, from 3.17 on,
+    ``backing_id`` are written."""
+    _fields_ = [("flags", ctypes.c_int32), ("_bits", ctypes.c_uint32),
+                ("_padding2", ctypes.c_uint32), ("_padding3", ctypes.c_uint32),
+                ("fh", ctypes.c_uint64), ("lock_owner", ctypes.c_uint64),
+                ("poll_events", ctypes.c_uint32),
+                ("backing_id", ctypes.c_int32),                    # 3.17 on
+                ("compat_flags", ctypes.c_uint64),                 # 3.17 on
+                ("_reserved", ctypes.c_uint64 * 2)]
+
+
+class FuseBuf(ctypes.Structure):
+    """struct fuse_buf; ``mem_size`` from 3.17 on (libfuse reads it only for memory it
+    allocated itself: zero here)."""
+    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
+                ("fd", ctypes.c_int), ("pos", ctypes.c_int64),
+                ("mem_size", ctypes.c_size_t)]                     # 3.17 on
+
+
+class FuseBufvec(ctypes.Structure):
+    """struct fuse_bufvec with one buffer (``buf[1]`` in C)."""
+    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
+                ("buf", FuseBuf * 1)]
 
 
 class FuseArgs(ctypes.Structure):
@@ -205,6 +252,12 @@ def _load():
     fn("fuse_reply_entry", ctypes.c_int, P, ctypes.POINTER(EntryParam))
     fn("fuse_reply_attr", ctypes.c_int, P, ctypes.POINTER(Stat), ctypes.c_double)
     fn("fuse_reply_buf", ctypes.c_int, P, P, sz)
+    fn("fuse_reply_open", ctypes.c_int, P, ctypes.POINTER(FileInfo))
+    fn("fuse_reply_data", ctypes.c_int, P, ctypes.POINTER(FuseBufvec), ctypes.c_int)
+    if hasattr(lib, "fuse_passthrough_open"):            # 3.17 on
+        fn("fuse_passthrough_open", ctypes.c_int, P, ctypes.c_int)
+    if hasattr(lib, "fuse_set_feature_flag"):            # 3.17.3 on (an inline before)
+        fn("fuse_set_feature_flag", ctypes.c_bool, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
     fn("fuse_reply_statfs", ctypes.c_int, P, ctypes.POINTER(Statvfs))
     fn("fuse_reply_xattr", ctypes.c_int, P, sz)
     fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)
@@ -293,9 +346,26 @@ class Session:
 
     ``fs`` answers:  ``lookup(parent_ino, name) -> Entry``, ``getattr(ino) -> Entry``,
     ``listing(ino) -> [(name, Entry)]`` (a directory's entries after "." and ".."),
-    ``read_into(ino, offset, buf) -> n``, ``getxattr(ino, name) -> bytes``,
-    ``listxattr(ino) -> [str]``.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
-    maps (and may log) any other exception.
+    ``open(ino) -> fd | None`` (may the file be opened; a descriptor that holds all of it,
+    for the kernel to read itself), ``read_fd(ino, offset, size) -> (fd, pos, n) | None``
+    (the bytes are ``n`` bytes of ``fd`` at ``pos``: sent from there without passing through
+    Python), ``read_into(ino, offset, buf) -> n`` (the bytes copied into ``buf``),
+    ``getxattr(ino, name) -> bytes``, ``listxattr(ino) -> [str]``.  ``FsError(errno)`` is
+    answered as it is; ``errno_of(exc)`` maps (and may log) any other exception.
+
+    How a local file's bytes reach the kernel (``mechanism``, chosen at INIT and logged once):
+
+    - ``passthrough``: a file that ``open`` gives a descriptor for is read by the kernel from
+      that descriptor itself, page cache, read-ahead and mmap included: no request reaches
+      the daemon after the open (libfuse >= 3.17, Linux >= 6.9, root: registering a backing
+      file needs CAP_SYS_ADMIN).  One backing id per inode, registered at its first open and
+      kept until unmount (the kernel refuses a second backing file for an open inode);
+    - ``splice``: a read that ``read_fd`` answers is replied with ``fuse_reply_data`` naming
+      the descriptor and offset: libfuse splices the pages from the file to /dev/fuse;
+    - ``copy``: the same reply where libfuse cannot splice (it copies, in C).
+
+    Reads ``read_fd`` does not answer (generated files, converted views, remote files) are
+    copied through ``read_into`` whatever the mechanism.
     """
 
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
@@ -322,6 +392,9 @@ class Session:
         self._live = False
         self._ended = False
         self._ready_lock = threading.Lock()
+        self.mechanism = self._fallback = COPY
+        self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
+        self._backing_lock = threading.Lock()
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -332,7 +405,7 @@ class Session:
         st.st_blocks = (entry.size + 511) // 512
         st.st_blksize = self.block_size
         st.st_uid, st.st_gid = self.uid, self.gid
-        sec, nsec = self.mtime
+        sec, nsec = self.mtime if entry.mtime_ns is None else divmod(entry.mtime_ns, 1_000_000_000)
         for ts in (st.st_atim, st.st_mtim, st.st_ctim):
             ts.tv_sec, ts.tv_nsec = sec, nsec
 
@@ -378,6 +451,39 @@ class Session:
         # (fuse_common.h: it "must be set both here and passed to fuse_session_new()").
         conn.contents.max_read = self._max_read
         self._tune_pending = self.read_ahead_kib > 0
+        self.mechanism = self._choose_mechanism(conn)
+
+    def _choose_mechanism(self, conn) -> str:
+        lib = self.lib
+        splice = self._capable(conn, FUSE_CAP_SPLICE_WRITE)
+        if splice:
+            self._set_want(conn, FUSE_CAP_SPLICE_WRITE)
+        self._fallback = SPLICE if splice else COPY
+        if (lib.version >= 317 and hasattr(lib, "fuse_passthrough_open")
+                and self._capable(conn, FUSE_CAP_PASSTHROUGH) and os.geteuid() == 0):
+            self._set_want(conn, FUSE_CAP_PASSTHROUGH)
+            conn.contents.max_backing_stack_depth = BACKING_STACKED_OVER
+            log.info("local files: passthrough (the kernel reads whole files from their "
+                     "backing file; tensor files by %s)", self._fallback)
+            return PASSTHROUGH
+        why = ("libfuse 3.17 or later needed" if lib.version < 317 else
+               "not root" if os.geteuid() != 0 else "the kernel does not offer it")
+        log.info("local files: %s (no passthrough: %s)", self._fallback, why)
+        return self._fallback
+
+    def _capable(self, conn, flag: int) -> bool:
+        info = conn.contents
+        return bool((info.capable_ext if self.lib.version >= 317 else info.capable) & flag)
+
+    def _set_want(self, conn, flag: int) -> None:
+        """Ask for a capability the kernel offers (the counterpart of ``_unset_want``)."""
+        lib = self.lib
+        if hasattr(lib, "fuse_set_feature_flag"):
+            lib.fuse_set_feature_flag(conn, flag)
+        elif lib.version >= 317:
+            conn.contents.want_ext |= flag
+        else:
+            conn.contents.want |= flag
 
     def _unset_want(self, conn, flag: int) -> None:
         """Turn off a capability libfuse would ask for.  3.17 moved the flags to the 64-bit
@@ -431,9 +537,40 @@ class Session:
         self.lib.fuse_reply_attr(req, st, self.attr_timeout)
 
     def _no_open(self, req, ino, fi):
-        # ENOSYS once: the kernel then opens files (directories) without asking, keeping
-        # their cached pages (listings) across opens.  Writes never get here (`ro`).
+        # ENOSYS once: the kernel then opens directories without asking, keeping their
+        # cached listings across opens.
         self.lib.fuse_reply_err(req, errno.ENOSYS)
+
+    def _open(self, req, ino, fi):
+        """Every file open is answered (not ENOSYS once, which would leave the kernel no way
+        to ask for a backing file, nor tensorfs a moment to refuse a changed file): with the
+        page cache kept (FOPEN_KEEP_CACHE, what ENOSYS used to give) and no FLUSH on close,
+        or with a backing file (passthrough).  Writes never get here (`ro`)."""
+        fd = self.fs.open(ino)
+        pointer = ctypes.cast(fi, ctypes.POINTER(FileInfo))
+        info = pointer.contents
+        if fd is not None and self.mechanism == PASSTHROUGH:
+            backing = self._backing_id(req, ino, fd)
+            if backing > 0:
+                # the kernel refuses any flag but these with a backing file (and the page
+                # cache is the backing file's own)
+                info._bits = (info._bits & ~FI_KEEP_CACHE) | FI_NOFLUSH
+                info.backing_id = backing
+                self.lib.fuse_reply_open(req, pointer)
+                return
+        info._bits |= FI_KEEP_CACHE | FI_NOFLUSH
+        self.lib.fuse_reply_open(req, pointer)
+
+    def _backing_id(self, req, ino: int, fd: int) -> int:
+        with self._backing_lock:
+            backing = self._backing.get(ino)
+            if backing is None:
+                backing = self._backing[ino] = self.lib.fuse_passthrough_open(req, fd)
+                if backing <= 0:
+                    log.warning("passthrough refused for inode %d (%s): its reads go by %s",
+                                ino, _libfuse_said["error"] or "no reason given",
+                                self._fallback)
+            return backing
 
     def _take_buffer(self, size: int):
         with self._buffers_lock:
@@ -442,6 +579,19 @@ class Session:
         return (ctypes.c_char * max(size, 1 << 20))()
 
     def _read(self, req, ino, size, offset, fi):
+        ranged = self.fs.read_fd(ino, offset, size)
+        if ranged is not None:
+            fd, pos, n = ranged
+            if n <= 0:
+                self.lib.fuse_reply_buf(req, None, 0)
+                return
+            vec = FuseBufvec(1, 0, 0)
+            part = vec.buf[0]
+            part.size, part.flags, part.fd, part.pos = n, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, fd, pos
+            # libfuse splices (or copies) the range to /dev/fuse, and answers a failed read
+            # of the descriptor with its errno itself
+            self.lib.fuse_reply_data(req, vec, 0)
+            return
         buf = self._take_buffer(size)
         try:
             n = self.fs.read_into(ino, offset, memoryview(buf).cast("B")[:size])
@@ -522,7 +672,7 @@ class Session:
         self._max_read = _max_read(mount_options)
         handlers = {"init": self._init, "lookup": self._guarded(self._lookup),
                     "getattr": self._guarded(self._getattr),
-                    "open": self._guarded(self._no_open), "opendir": self._guarded(self._no_open),
+                    "open": self._guarded(self._open), "opendir": self._guarded(self._no_open),
                     "read": self._guarded(self._read), "readdir": self._guarded(self._readdir),
                     "readdirplus": self._guarded(self._readdirplus),
                     "statfs": self._guarded(self._statfs),

@@ -69,7 +69,7 @@ class TensorFS:
         view = node.view
         if listing and not getattr(view, "cheap_size", False):
             return Entry(node.ino, False, None, 1)
-        return Entry(node.ino, False, view.size, 1)
+        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None))
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
@@ -90,6 +90,22 @@ class TensorFS:
         if len(entries) > KEEP_LISTING_ENTRIES:
             self._listings[ino] = entries
         return entries
+
+    def _file_view(self, ino: int):
+        node = self._node(ino)
+        if isinstance(node, DirNode):
+            raise FsError(errno.EISDIR)
+        return node.view
+
+    def open(self, ino: int) -> int | None:
+        """A view that can say so refuses a file changed since the mount (EIO) here, and may
+        name the descriptor holding all of it (tensorfs.fuse3: passthrough)."""
+        check = getattr(self._file_view(ino), "open", None)
+        return check() if check is not None else None
+
+    def read_fd(self, ino: int, offset: int, size: int):
+        ranged = getattr(self._file_view(ino), "read_fd", None)
+        return ranged(offset, size) if ranged is not None else None
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         node = self._node(ino)

@@ -18,15 +18,18 @@ def load_model(path: str, remote=None) -> Model:
     (``Model.close()`` when done)."""
     from tensorfs import shards
     from tensorfs.location import location_for
+    from tensorfs.wholefiles import find_companions
 
     location = location_for(path, remote)
     named = location.normalize(path)
     try:
         model = shards.load(named, location)
+        # before attach, which closes what is not a model file (an index read by the parse)
+        companions = find_companions(named, model, location)
     except BaseException:
         location.close_all()
         raise
-    model = location.attach(model)
+    model = dataclasses.replace(location.attach(model), companions=companions)
     if named != path or "://" in path:
         model = dataclasses.replace(model, url=named)
     return model

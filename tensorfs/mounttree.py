@@ -19,6 +19,7 @@ from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
 from tensorfs.plan import ViewPlan, plan_view
 from tensorfs.source import ModelSource
 from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView, npy_header
+from tensorfs.wholefiles import whole_file_views
 from tensorfs.workers import WorkerPool
 
 
@@ -37,6 +38,8 @@ class MountedModel:
         for source in self.sources.values():
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
+        for companion in self.model.companions:
+            companion.start()
         aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
@@ -49,6 +52,8 @@ class MountedModel:
             self.pool.close()
         for source in self.sources.values():
             source.close()
+        for companion in self.model.companions:
+            companion.close()
 
 
 UNMOUNT_POLL_S = 0.5            # how often a mount with remote sources checks it is still mounted
@@ -159,8 +164,10 @@ def check_sizes(model: Model, npy: bool = True) -> None:
                     f"(2**63 - 1 bytes)", name=t.name, offset=t.offset, file=t.file)
 
 
-# The files a tensor may have (``--views``): its raw bytes, and its .npy view.
-VIEWS = ("raw", "npy")
+# What a mount serves (``--views``): each tensor's raw bytes, its .npy view, and files/ (the
+# model's own files, whole: SPEC §11).
+VIEWS = ("raw", "npy", "files")
+TENSOR_VIEWS = ("raw", "npy")
 
 
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
@@ -169,9 +176,10 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     read, and the tensors' files when their directory is first looked into.
 
     ``views``: which of a tensor's files are served (a copy of the mount writes each one:
-    ``cp -r`` of a quantized model's float32 views is several times the model).  A tensor
-    whose type has no .npy view keeps its raw file whatever ``views`` says, so that every
-    tensor is still there once.
+    ``cp -r`` of a quantized model's float32 views is several times the model), and whether
+    ``files/`` is.  A tensor whose type has no .npy view keeps its raw file whatever
+    ``views`` says, so that every tensor is still there once -- unless ``views`` names no
+    tensor view at all (``--views files``: the tree of tensors is left out).
 
     ``workers``: conversion worker processes, started by ``MountedModel.start`` (0: convert
     in-thread)."""
@@ -179,6 +187,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
+    tensor_views = tuple(v for v in TENSOR_VIEWS if v in views)
     check_sizes(model, npy=serve_npy)
     pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
@@ -195,9 +204,13 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
         f = model.files[0]
         tree.add_file("header.bin", RawView(sources[f.path], 0, f.header_size))
 
+    if "files" in views:
+        for name, view in whole_file_views(model, sources).items():
+            tree.add_file(f"files/{entry_name(name)}", view)
+
     def produce_metadata_json():
         paths, plans = describe(model, layout)
-        return metadata_json_pieces(model, paths, plans, views)
+        return metadata_json_pieces(model, paths, plans, tensor_views)
 
     tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
     add_metadata_files(tree, model, cache)
@@ -228,5 +241,6 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
             raw = None
         return raw, view, TensorXattrs(tensor)
 
-    tree.add_tensors([t.name for t in tensors], layout, make_files)
+    if tensor_views:
+        tree.add_tensors([t.name for t in tensors], layout, make_files)
     return MountedModel(model, tree, sources, cache, pool)

@@ -12,7 +12,7 @@ The escaping rule (docs/names.md has the user's version):
    "%~" plus 16 hex digits of the SHA-256 of what it stands for (the kernel allows 255
    bytes in a name, and ".npy" must still fit).
 4. A top-level name that is reserved (``header.bin``, ``headers``, ``metadata.json``,
-   ``metadata``) gets its first character written as %XX: in the tree layout the first
+   ``metadata``, ``files``) gets its first character written as %XX: in the tree layout the first
    component, in the flat layout the whole flat name.
 5. tree layout: components are directories, the last one the raw file; the .npy view is the
    raw file's path plus ".npy".  When a tensor's raw path is also a directory (``a.b`` and
@@ -34,7 +34,7 @@ import re
 import threading
 from typing import NamedTuple
 
-RESERVED_TOP_LEVEL = frozenset({"header.bin", "headers", "metadata.json", "metadata"})
+RESERVED_TOP_LEVEL = frozenset({"header.bin", "headers", "metadata.json", "metadata", "files"})
 MAX_COMPONENT_BYTES = 200
 KEEP_BYTES_WHEN_HASHED = 180
 

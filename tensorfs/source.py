@@ -156,6 +156,13 @@ class ModelSource:
         self._verify(offset, size)
         return got
 
+    def vouch(self, offset: int = 0, size: int = 0) -> None:
+        """The bytes ``[offset, offset + size)`` are still the file's bytes at mount time, or
+        ``SourceError`` (EIO): for a reader that is given the descriptor rather than the
+        bytes (tensorfs.fuse3: splice, FUSE passthrough), checked before it reads."""
+        self._admit(offset, size)
+        self._verify(offset, size)
+
     # -- the file changed under the mount -------------------------------------------------
     def _admit(self, offset: int, size: int) -> None:
         """Refuse, before reading, what is no longer vouched for."""

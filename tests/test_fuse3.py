@@ -30,7 +30,7 @@ def test_a_directory_of_thousands_lists_each_entry_once(tmp_path, mount):
     _many_tensors(path, 3000)
     mnt = mount(path, "--layout", "flat")
     doc = json.loads((mnt / "metadata.json").read_bytes())
-    expected = {"header.bin", "metadata.json", "metadata"}
+    expected = {"header.bin", "metadata.json", "metadata", "files"}
     for entry in doc["tensors"].values():
         expected |= {entry["path"], entry["path"] + ".npy"}
     listed = subprocess.run(["ls", "-f", "-a", str(mnt)], capture_output=True, text=True,
@@ -123,7 +123,7 @@ def test_every_listing_page_comes_with_attributes(tmp_path, mount):
     log_file = tmp_path / "daemon.log"
     mnt = mount(path, "--layout", "flat", "--debug", "--log", log_file)
     listed = subprocess.run(["ls", "-f", str(mnt)], capture_output=True, text=True, check=True)
-    assert len(listed.stdout.split()) == 2 * 1000 + 5
+    assert len(listed.stdout.split()) == 2 * 1000 + 6     # . .. header.bin metadata.json metadata files
     log_text = log_file.read_text()
     assert "libfuse 3." in log_text
     assert "READDIR without attributes" not in log_text
