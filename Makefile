@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps test-system-deps venv test-venv demo test bench fuzz clean check-debian13
+.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel demo test bench fuzz clean check-debian13
 all: test
 
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
@@ -60,10 +60,48 @@ test-system-deps:
 venv: system-deps $(VENV)/.installed
 test-venv: system-deps test-system-deps $(VENV)/.installed-test $(MOTO)/bin/moto_server
 
+# The real clients of tests/clients/: llama.cpp (llama-cpp-python), transformers on CPU torch.
+# PyPI has only llama-cpp-python's source: its wheel is built once (minutes on 2 cores) into a
+# cache outside the clone, keyed by the version, the machine and the build flags, so a fresh
+# clone, a `make clean` and CI on the same machine reuse it.  The flags make a small portable
+# CPU-only build: no BLAS, CUDA, OpenMP, -march=native, multimodal library or programs.
+LLAMA_CPP_PYTHON := $(shell sed -n 's/^llama-cpp-python==//p' requirements-clients.txt)
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_OPENMP=OFF \
+  -DLLAVA_BUILD=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+CLIENTS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/tensorfs-build
+LLAMA_WHEELS := $(CLIENTS_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)-$(shell uname -m)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-8)
+
+# --no-cache-dir: pip's own wheel cache keys a build by the source only, not CMAKE_ARGS.
+# Built in a directory of its own and renamed: two makes at once do not mix their files.
+$(LLAMA_WHEELS)/.built: | $(BIN)/python
+	@command -v c++ >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install g++ (apt-get)" >&2; exit 1; fi; \
+	  echo "installing g++ (to build llama.cpp) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++; }
+	@echo "building llama-cpp-python $(LLAMA_CPP_PYTHON) into $(LLAMA_WHEELS) (once: minutes) ..."
+	@tmp=$(LLAMA_WHEELS).tmp$$$$ && rm -rf $$tmp && mkdir -p $$tmp && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(BIN)/python -m pip wheel -q --no-cache-dir --no-deps --no-binary llama-cpp-python \
+	    -w $$tmp llama-cpp-python==$(LLAMA_CPP_PYTHON) && touch $$tmp/.built && \
+	  { mv -T $$tmp $(LLAMA_WHEELS) 2>/dev/null || rm -rf $$tmp; } || { rm -rf $$tmp; exit 1; }
+	@test -e $@
+
+llama-wheel: $(BIN)/python $(LLAMA_WHEELS)/.built
+
+# torch==2.13.0 is pinned: pip takes this machine's CPU build from its find-links; a range
+# would let it resolve a CUDA build of several GB.
+$(VENV)/.installed-clients: $(VENV)/.installed-test requirements-clients.txt $(LLAMA_WHEELS)/.built
+	$(BIN)/python -m pip install -q -r requirements-clients.txt \
+	  --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python
+	touch $@
+
+clients-venv: test-venv $(VENV)/.installed-clients
+
 demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
 
-test: test-venv
+test: test-venv clients-venv
 	$(BIN)/python -m pytest -q tests
 
 # libfuse3-dev and pkg-config: to build row 7's floor, the smallest C daemon (bench/floor/).
@@ -75,6 +113,8 @@ bench: test-venv
 	@# the remote rows compare with curl (nginx and moto come with test-venv)
 	@command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl
 	$(BIN)/python bench/bench_remote.py
+	@# W4, W5: whole remote files through files/ (issue 24)
+	$(BIN)/python bench/bench_clients.py
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two
