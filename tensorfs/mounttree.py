@@ -18,8 +18,9 @@ from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
 from tensorfs.plan import ViewPlan, plan_view
 from tensorfs.source import ModelSource
-from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView, npy_header
-from tensorfs.workers import WorkerPool
+from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
+                            worker_pool)
+from tensorfs.workers import START_WORK_BYTES, WorkerPool
 
 
 @dataclass
@@ -43,6 +44,15 @@ class MountedModel:
                              name="tensorfs-unmount-watch", daemon=True).start()
         if self.pool is not None:
             self.pool.start()
+            # in the background: the sum goes over every tensor, and the mount is live now
+            threading.Thread(target=self._start_workers_ahead, name="tensorfs-workers-ahead",
+                             daemon=True).start()
+
+    def _start_workers_ahead(self) -> None:
+        """A model with costly work enough to pay for the workers' start has them started
+        now, while nobody reads yet: its first large reads find them ready."""
+        if costly_bytes(self.model) >= START_WORK_BYTES:
+            self.pool.want()
 
     def close(self) -> None:
         if self.pool is not None:
@@ -159,12 +169,27 @@ def check_sizes(model: Model, npy: bool = True) -> None:
                     f"(2**63 - 1 bytes)", name=t.name, offset=t.offset, file=t.file)
 
 
+def costly_bytes(model: Model) -> int:
+    """Float32 bytes of the model's tensors whose conversion is costly (block quants)."""
+    by_type: dict[tuple, bool] = {}
+    total = 0
+    for t in model.tensors:
+        key = (t.dtype, t.ggml_type, t.byte_order)
+        costly = by_type.get(key)
+        if costly is None:
+            plan = plan_view(t)
+            costly = by_type[key] = plan.kind == "converted" and plan.conversion.costly
+        if costly:
+            total += t.n_elements * 4
+    return total
+
+
 # The files a tensor may have (``--views``): its raw bytes, and its .npy view.
 VIEWS = ("raw", "npy")
 
 
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
-                views: tuple[str, ...] = VIEWS, workers: int = 0) -> MountedModel:
+                views: tuple[str, ...] = VIEWS, workers: int | None = 0) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into.
 
@@ -173,14 +198,14 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     whose type has no .npy view keeps its raw file whatever ``views`` says, so that every
     tensor is still there once.
 
-    ``workers``: conversion worker processes, started by ``MountedModel.start`` (0: convert
-    in-thread)."""
+    ``workers``: conversion worker processes (0: convert in-thread; None: as many as pay,
+    ``worker_pool``), started by ``MountedModel.start``."""
     unknown = set(views) - set(VIEWS)
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
     check_sizes(model, npy=serve_npy)
-    pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
+    pool = worker_pool(workers, cache) if serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
