@@ -4,6 +4,7 @@ generated files, all placed in a ``Tree`` by the naming rule.  FUSE is not invol
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -21,6 +22,8 @@ from tensorfs.source import ModelSource
 from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
                             worker_pool)
 from tensorfs.workers import START_WORK_BYTES, WorkerPool
+
+log = logging.getLogger("tensorfs")
 
 
 @dataclass
@@ -42,7 +45,12 @@ class MountedModel:
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()
-        if self.pool is not None:
+        if self.pool is None:
+            log.info("conversions in the daemon's threads (no worker processes)")
+        else:
+            log.info("%d conversion workers, started when %s", self.pool.size,
+                     "a costly conversion asks" if self.pool.start_work == 0 else
+                     f"a tensor of {self.pool.start_work >> 20} MiB or more is converted")
             self.pool.start()
             # in the background: the sum goes over every tensor, and the mount is live now
             threading.Thread(target=self._start_workers_ahead, name="tensorfs-workers-ahead",
@@ -51,7 +59,10 @@ class MountedModel:
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
         now, while nobody reads yet: its first large reads find them ready."""
-        if costly_bytes(self.model) >= START_WORK_BYTES:
+        costly = costly_bytes(self.model)
+        if costly >= START_WORK_BYTES:
+            log.info("starting the conversion workers ahead: %d MiB of costly tensors",
+                     costly >> 20)
             self.pool.want()
 
     def close(self) -> None:
