@@ -550,7 +550,10 @@ def worker_main(argv: list[str]) -> int:
     from tensorfs.convert import conversion_from_spec
 
     conversions: dict[bytes, object] = {}
-    sock.send(b"ready")
+    try:
+        sock.send(b"ready")
+    except OSError:
+        return 0                  # the pool closed while we started (started ahead, not used)
     while True:
         try:
             task = sock.recv(4096)

@@ -446,3 +446,14 @@ def test_the_pool_owns_its_slots_starts_only_for_work_worth_it_and_takes_chunks_
         pool.close()
     assert wait_for(lambda: _no_workers_left(pids), 10)
     assert convert(work=64 << 20) is None           # closed: nothing to hand out
+
+
+def test_a_pool_closed_while_its_workers_start_leaves_no_process_and_no_traceback(capfd):
+    from tensorfs.workers import start_ahead
+
+    pool = start_ahead(size=2)
+    assert wait_for(lambda: len(pool.pids()) == 2, 30, step=0.005)
+    pids = pool.pids()
+    pool.close()                        # before they said they were ready (or just after)
+    assert wait_for(lambda: _no_workers_left(pids), 10)
+    assert "Traceback" not in capfd.readouterr().err
