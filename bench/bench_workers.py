@@ -305,7 +305,7 @@ def convert_main(a) -> int:
     print("| type | variant | MB/s (best) | spread |")
     print("|---|---|---:|---:|")
     for name in a.types.split(","):
-        tensor = next(t for t in model.tensors if t.dtype == name and t.name.startswith("conv."))
+        tensor = next(t for t in model.tensors if t.dtype == name)      # the first: conv.*
         conv = conversion_for(tensor)
         work = list(chunks(tensor, conv))
         out_bytes = sum(c[2] for c in work)
