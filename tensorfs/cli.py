@@ -103,12 +103,6 @@ def worker_count(text: str) -> int:
     return n
 
 
-def _workers(n: int | None) -> int:
-    from tensorfs.workers import default_size
-
-    return default_size() if n is None else n
-
-
 def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not match:
@@ -147,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
                        f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
     mount.add_argument("--workers", type=worker_count, default=None, metavar="N",
-                       help="processes converting quantized tensors (default: one per CPU "
-                            "available; 0: convert in the daemon's threads)")
+                       help="processes converting quantized tensors (default: as many as pay "
+                            "on this machine, none on 2 CPUs; 0: convert in the daemon's threads)")
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
                        help="FUSE mount options: allow_other, allow_root, max_read=N, "
                        "fsname=NAME, attr_timeout=S ... (docs/cli.md); rw is refused")
@@ -477,7 +471,7 @@ def cmd_mount(args) -> int:
             cache = ByteLRU(args.cache_size)
             model = load_model(args.model, _remote_settings(args, cache))
             mounted = build_mount(model, cache, args.layout, args.views,
-                                  workers=_workers(args.workers))
+                                  workers=args.workers)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)
     except BaseException:

@@ -4,6 +4,7 @@ generated files, all placed in a ``Tree`` by the naming rule.  FUSE is not invol
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -18,9 +19,12 @@ from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
 from tensorfs.plan import ViewPlan, plan_view
 from tensorfs.source import ModelSource
-from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView, npy_header
+from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
+                            worker_pool)
 from tensorfs.wholefiles import whole_file_views
-from tensorfs.workers import WorkerPool
+from tensorfs.workers import START_WORK_BYTES, WorkerPool
+
+log = logging.getLogger("tensorfs")
 
 
 @dataclass
@@ -52,8 +56,25 @@ class MountedModel:
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()
-        if self.pool is not None:
+        if self.pool is None:
+            log.info("conversions in the daemon's threads (no worker processes)")
+        else:
+            log.info("%d conversion workers, started when %s", self.pool.size,
+                     "a costly conversion asks" if self.pool.start_work == 0 else
+                     f"a tensor of {self.pool.start_work >> 20} MiB or more is converted")
             self.pool.start()
+            # in the background: the sum goes over every tensor, and the mount is live now
+            threading.Thread(target=self._start_workers_ahead, name="tensorfs-workers-ahead",
+                             daemon=True).start()
+
+    def _start_workers_ahead(self) -> None:
+        """A model with costly work enough to pay for the workers' start has them started
+        now, while nobody reads yet: its first large reads find them ready."""
+        costly = costly_bytes(self.model)
+        if costly >= START_WORK_BYTES:
+            log.info("starting the conversion workers ahead: %d MiB of costly tensors",
+                     costly >> 20)
+            self.pool.want()
 
     def close(self) -> None:
         if self.pool is not None:
@@ -172,6 +193,21 @@ def check_sizes(model: Model, npy: bool = True) -> None:
                     f"(2**63 - 1 bytes)", name=t.name, offset=t.offset, file=t.file)
 
 
+def costly_bytes(model: Model) -> int:
+    """Float32 bytes of the model's tensors whose conversion is costly (block quants)."""
+    by_type: dict[tuple, bool] = {}
+    total = 0
+    for t in model.tensors:
+        key = (t.dtype, t.ggml_type, t.byte_order)
+        costly = by_type.get(key)
+        if costly is None:
+            plan = plan_view(t)
+            costly = by_type[key] = plan.kind == "converted" and plan.conversion.costly
+        if costly:
+            total += t.n_elements * 4
+    return total
+
+
 # What a mount serves (``--views``): each tensor's raw bytes, its .npy view, and files/ (the
 # model's own files, whole: SPEC §11).
 VIEWS = ("raw", "npy", "files")
@@ -179,7 +215,7 @@ TENSOR_VIEWS = ("raw", "npy")
 
 
 def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
-                views: tuple[str, ...] = VIEWS, workers: int = 0) -> MountedModel:
+                views: tuple[str, ...] = VIEWS, workers: int | None = 0) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into.
 
@@ -189,15 +225,15 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     ``views`` says, so that every tensor is still there once -- unless ``views`` names no
     tensor view at all (``--views files``: the tree of tensors is left out).
 
-    ``workers``: conversion worker processes, started by ``MountedModel.start`` (0: convert
-    in-thread)."""
+    ``workers``: conversion worker processes (0: convert in-thread; None: as many as pay,
+    ``worker_pool``), started by ``MountedModel.start``."""
     unknown = set(views) - set(VIEWS)
     if unknown or not views:
         raise ValueError(f"views must be some of {VIEWS}, not {views!r}")
     serve_raw, serve_npy = "raw" in views, "npy" in views
     tensor_views = tuple(v for v in TENSOR_VIEWS if v in views)
     check_sizes(model, npy=serve_npy)
-    pool = WorkerPool(workers, cache.max_bytes) if workers > 0 and serve_npy else None
+    pool = worker_pool(workers, cache) if serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)

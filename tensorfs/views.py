@@ -32,6 +32,7 @@ from numpy.lib import format as npy_format
 
 from tensorfs.cache import ByteLRU
 from tensorfs.source import ModelSource
+from tensorfs.workers import START_WORK_BYTES, WorkerPool, paying_size
 
 log = logging.getLogger("tensorfs")
 
@@ -386,29 +387,6 @@ class _Chunk:
             pass
 
 
-class _ArenaChunk:
-    """A converted chunk in an output slot of the worker pool's shared arena: a worker wrote
-    it, the daemon replies from it; the slot is the pool's again once nobody holds the chunk."""
-
-    __slots__ = ("pool", "slot", "n", "data")
-
-    def __init__(self, pool, slot: int, n: int):
-        self.pool = pool
-        self.slot = slot
-        self.n = n
-        self.data = pool.slot_view(slot, n)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __del__(self):
-        try:
-            self.pool.give_slot(self.slot)
-            self.data.release()
-        except Exception:       # interpreter shutdown; a slice of data still held
-            pass
-
-
 _streams: "weakref.WeakKeyDictionary[ByteLRU, ByteLRU]" = weakref.WeakKeyDictionary()
 _streams_lock = threading.Lock()
 
@@ -423,20 +401,35 @@ def _stream_cache(cache: ByteLRU) -> ByteLRU:
         return store
 
 
+def worker_pool(workers: int | None, cache: ByteLRU) -> WorkerPool | None:
+    """The conversion workers of a mount (tensorfs.workers): ``workers`` of them, started by
+    the first costly conversion; or, by default (None), as many as pay on this machine now
+    (none on 2 CPUs), started only by a conversion of a tensor large enough to pay for their
+    start (the mount also starts them ahead, ``MountedModel.start``).  The pool's slots
+    are chunks: as many as the shared cache and the stream store hold."""
+    if workers is None:
+        size, start_work = paying_size(), START_WORK_BYTES
+    else:
+        size, start_work = workers, 0
+    if size <= 0:
+        return None
+    held = cache.max_bytes + _stream_cache(cache).max_bytes
+    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=held, start_work=start_work)
+
+
 class ConvertedView:
     """A tensor's float32 conversion, computed lazily in block-aligned chunks.
 
     Costly conversions (K-quants, IQ types ...) keep their chunks in the shared LRU and a
     sequential reader gets the next chunks converted ahead; with a worker ``pool``
-    (tensorfs.workers) started, worker processes convert them into its shared arena, else
+    (tensorfs.workers) ready, worker processes convert them into the pool's arena (a chunk
+    is then a ``PoolChunk``, its slot the pool's again once the caches drop it), else
     threads of this process do.  Cheap ones
     (BF16, FP8) convert just the blocks a read covers, straight into the reader's buffer
     when the read is block-aligned (every kernel read is), and keep nothing.
     """
 
     cheap_size = True
-    _readahead_pool: ThreadPoolExecutor | None = None
-    _pool_lock = threading.Lock()
 
     def __init__(self, source: ModelSource, offset: int, nbytes: int, conversion,
                  cache: ByteLRU, key: Hashable, n_elements: int, pool=None):
@@ -469,21 +462,19 @@ class ConvertedView:
             if len(scratch) == CHUNK_OUTPUT_BYTES:
                 _SCRATCH.give(scratch)
 
-    def _convert_chunk(self, index: int) -> _Chunk | _ArenaChunk:
+    def _convert_chunk(self, index: int):
+        """Chunk ``index``: a worker's (a ``tensorfs.workers.PoolChunk``) when the pool has
+        one ready and a slot free, else converted here into a recycled buffer."""
         blocks_per_chunk = self.chunk_out // self.block_out
         first = index * blocks_per_chunk
         count = min(blocks_per_chunk, self.size // self.block_out - first)
-        pool = self.pool
-        if pool is not None and pool.running and pool.ready_workers == 0:
-            pool.want()                   # started on first use; in-thread until ready
-        elif pool is not None and pool.running:
-            slot = pool.take_slot()
-            if slot is not None:          # else: every slot is held; convert here instead
-                chunk = _ArenaChunk(pool, slot, count * self.block_out)
-                start = self.offset + first * self.conversion.block_bytes
-                pool.convert(self.conversion,
-                             lambda buf: self.source.read_into(start, buf),
-                             count * self.conversion.block_bytes, slot, len(chunk))
+        if self.pool is not None:
+            start = self.offset + first * self.conversion.block_bytes
+            chunk = self.pool.convert(self.conversion,
+                                      lambda buf: self.source.read_into(start, buf),
+                                      count * self.conversion.block_bytes,
+                                      count * self.block_out, work=self.size)
+            if chunk is not None:
                 return chunk
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
@@ -536,10 +527,13 @@ class ConvertedView:
             pos += hi - lo
         if sequential:
             pool = self.pool
-            if pool is not None and pool.running:
-                ahead, executor = pool.read_ahead_chunks, pool.executor()
+            if pool is not None and pool.ready_workers:
+                # every worker has a chunk while the reader is served; these threads only
+                # wait for the workers (benchmark row 4w)
+                ahead = threads = pool.size + 1
             else:
-                ahead, executor = READ_AHEAD_CHUNKS, ConvertedView._pool()
+                ahead, threads = READ_AHEAD_CHUNKS, READ_AHEAD_WORKERS
+            executor = _read_ahead_executor(threads)
             for index in range(last_chunk + 1, last_chunk + ahead + 1):
                 self._read_ahead(index, executor)
         return pos
@@ -556,10 +550,18 @@ class ConvertedView:
         except Exception:      # a failed read-ahead is retried, and reported, by the real read
             pass
 
-    @classmethod
-    def _pool(cls) -> ThreadPoolExecutor:
-        with cls._pool_lock:
-            if cls._readahead_pool is None:
-                cls._readahead_pool = ThreadPoolExecutor(max_workers=READ_AHEAD_WORKERS,
-                                                          thread_name_prefix="readahead")
-            return cls._readahead_pool
+
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def _read_ahead_executor(threads: int) -> ThreadPoolExecutor:
+    """The read-ahead threads: ``READ_AHEAD_WORKERS`` converting in-thread, or as many as a
+    worker pool's workers plus one, waiting for them."""
+    with _executors_lock:
+        executor = _executors.get(threads)
+        if executor is None:
+            executor = _executors[threads] = ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="readahead")
+        return executor

@@ -1,30 +1,42 @@
 """Conversion worker processes: costly conversions (block quants, gguf-py's long tail) on
 every core, not on one core at a time behind the GIL (docs/serving.md, "The worker pool").
 
-The daemon and its workers share one memory arena (a ``memfd``, mapped by both):
+The pool owns its chunk slots.  A caller asks ``pool.convert(conversion, fill_input,
+in_bytes, out_bytes)`` and gets back a finished ``PoolChunk`` (its float32 values in an
+output slot of the arena), or ``None``: no worker is ready yet, or every slot is held, and
+the caller converts in its own thread.  The slot is the pool's again once nobody holds the
+chunk.  Callers never see a slot number; the pool knows nothing of what a chunk is for (a
+view's cache, a hash, a statistic).
 
-* one *input slot* per worker, where the daemon reads the stored bytes of the blocks to
-  convert (``source.read_into``: one ``pread`` for a local file, the GIL released; the
-  checks that turn a truncated or rewritten model into EIO stay in the daemon, and any
-  source works, local or not);
-* *output slots* of one converted chunk each (``CHUNK_OUTPUT_BYTES``), where a worker writes
-  the float32 values and from where the daemon replies.  A slot belongs to one chunk of the
-  daemon's caches; it comes back to the free list when that chunk is dropped.
+The caller and its workers share one memory arena (a ``memfd``, mapped by both):
+
+* one *input slot* per worker, where the caller's ``fill_input`` reads the stored bytes of
+  the blocks to convert (``source.read_into``: one ``pread`` for a local file, the GIL
+  released; the checks that turn a truncated or rewritten model into EIO stay in the caller,
+  and any source works, local or not);
+* *output slots* of ``slot_bytes`` each, where a worker writes the float32 values.
 
 No chunk data crosses a pipe: a task is a few numbers (which slots, how many bytes, which
 conversion) on a socket, and the answer is ``ok`` or one line saying what failed.
 
-Workers are started with ``spawn`` semantics (a fresh ``python -m tensorfs.workers``, through
-``subprocess``: fork + exec at once), so the daemon may start one at any time, also once
-libfuse's threads exist: a worker that dies is replaced the same way the first ones were
-started.  They start when the first costly conversion asks for them; until one is ready,
-the daemon converts in its own threads.  A worker never outlives its daemon: the kernel
-kills it when the daemon's thread that started it ends (``PR_SET_PDEATHSIG``), it exits
-when its socket reaches end of file, and it checks at start that its parent is still the
-daemon that started it.
+Where a pool pays (``paying_size``): workers cost each read a hand-over (two cross-CPU
+wake-ups) and cost the machine an interpreter's start (~0.1 s of CPU each, more when
+loaded), so they pay only where cores are idle beyond what the caller and its readers use,
+and for work larger than their start.  On a 2-CPU machine that is never: there the default
+is no pool (docs/benchmarks.md, "Worker pool").
 
-Faults: a worker that dies (or stops answering for ``TASK_TIMEOUT_S``) fails the reads it was
-serving with ``WorkerError`` (EIO) and is replaced; nothing waits forever.
+Workers are started with ``spawn`` semantics (a fresh ``python -m tensorfs.workers``, through
+``subprocess``: fork + exec at once), so the pool may start one at any time, also once
+libfuse's threads exist: a worker that dies is replaced the same way the first ones were
+started.  They start ahead (``start(ahead=True)``, or ``start_ahead()``) or when the first
+conversion large enough asks for them; until one is ready, ``convert`` returns ``None`` at
+once: no caller waits for a start.  A worker never outlives its pool's process: the kernel
+kills it when the thread that started it ends (``PR_SET_PDEATHSIG``), it exits when its
+socket reaches end of file, and it checks at start that its parent is still the process
+that started it.
+
+Faults: a worker that dies (or stops answering for ``TASK_TIMEOUT_S``) fails the conversion
+it was doing with ``WorkerError`` (EIO) and is replaced; nothing waits forever.
 """
 
 from __future__ import annotations
@@ -44,22 +56,28 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-
-from tensorfs.views import CHUNK_OUTPUT_BYTES, STREAM_BYTES
 
 log = logging.getLogger("tensorfs")
 
-# Stored bytes of one chunk: every costly type stores at most 292 bytes per 256 elements
-# (Q8_K), i.e. under 0.3 bytes per float32 output byte; a half leaves room.
-IN_SLOT_BYTES = CHUNK_OUTPUT_BYTES // 2
+# A converted chunk's float32 bytes, unless the caller says otherwise (a view's chunk).
+SLOT_BYTES = 1 << 20
 # A conversion of one chunk takes milliseconds; this long without an answer means the
 # worker is stuck (or stopped): it is killed and replaced, and the read fails with EIO.
 TASK_TIMEOUT_S = float(os.environ.get("TENSORFS_WORKER_TIMEOUT_S", "30"))  # tests shorten it
-# Output slots beyond what the caches may hold: chunks being converted or copied into a
-# reply at the moment their cache drops them.  Past that, chunks are made in-thread.
+# Output slots beyond what the caller may hold: chunks being converted or copied into a
+# reply at the moment their cache drops them.  Past that, ``convert`` returns None.
 SPARE_SLOTS = 32
 RESPAWN_PAUSE_S = 1.0                 # between two starts of the same worker slot
+# Work (float32 output bytes) below which starting workers costs more than they give: a
+# worker's start is ~0.1 s of CPU (an interpreter, numpy), what one core converts of the
+# costliest types' output in about that time, several times over for the cheap ones.
+START_WORK_BYTES = 128 << 20
+# Fewer workers than this do not pay: one worker beside in-thread conversion was a draw at
+# best (docs/benchmarks.md, "Issue 16", --workers 1).
+LEAST_WORKERS = 2
+# CPUs a mount keeps busy without workers: the daemon's thread replying, and the reader's own
+# copy out of the page cache.
+MOUNT_RESERVED_CPUS = 2
 
 _TASK = struct.Struct("<QQQQ")        # input offset, input bytes, output offset, output bytes
 _PR_SET_PDEATHSIG = 1
@@ -72,12 +90,43 @@ class WorkerError(OSError):
         super().__init__(errno.EIO, message)
 
 
-def default_size() -> int:
-    """One worker per CPU this process may run on."""
+def usable_cpus() -> int:
+    """CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def paying_size(reserved: int = MOUNT_RESERVED_CPUS, cpus: int | None = None,
+                load: float | None = None) -> int:
+    """How many workers pay on this machine now: the CPUs this process may use, less the
+    ones busy already (the 1-minute load average) and the ``reserved`` ones its own work
+    keeps busy without workers; 0 below ``LEAST_WORKERS``."""
+    cpus = usable_cpus() if cpus is None else cpus
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = float(cpus)        # cannot tell: assume busy
+    idle = min(cpus, int(cpus - load + 0.5))
+    n = idle - reserved
+    return n if n >= LEAST_WORKERS else 0
+
+
+def start_ahead(size: int | None = None, slot_bytes: int = SLOT_BYTES,
+                held_bytes: int = 0, reserved: int = 1) -> "WorkerPool | None":
+    """A pool started now, its workers starting in the background, for work known to come
+    (``tensorfs hash``/``stats``/``diff`` of a model with costly types): ``size`` workers, or
+    as many as pay (``paying_size(reserved)``: the caller's own thread takes one CPU); None
+    where none pay.  Until a worker is ready, ``convert`` returns None (convert in-thread);
+    ``close()`` it when done.  ``held_bytes``: converted chunks the caller keeps at once."""
+    n = paying_size(reserved) if size is None else size
+    if n <= 0:
+        return None
+    pool = WorkerPool(n, slot_bytes=slot_bytes, held_bytes=held_bytes)
+    pool.start(ahead=True)
+    return pool
 
 
 class _Worker:
@@ -93,50 +142,55 @@ class _Worker:
 
 
 class WorkerPool:
-    """``size`` conversion workers and the arena they share with the daemon.
+    """``size`` conversion workers and the arena they share with this process.
 
-    ``out_slots`` bounds the converted chunks that can live in the arena at once: the
-    caches' byte budgets (``--cache-size`` and the stream store) in chunks, plus spares.
-    Pages of the arena are only backed once touched, and free slots are reused last-freed
-    first, so the memory used is that of the most chunks held at once.
+    ``held_bytes``: converted chunks the caller may hold at once (a mount: its caches' byte
+    budgets); the arena has that many output slots of ``slot_bytes``, plus spares.  Pages of
+    the arena are only backed once touched, and free slots are reused last-freed first, so
+    the memory used is that of the most chunks held at once.  ``start_work``: the least
+    work (float32 bytes) that starts the workers when they were not started ahead.
     """
 
-    def __init__(self, size: int, cache_bytes: int):
+    def __init__(self, size: int, slot_bytes: int = SLOT_BYTES, held_bytes: int = 0,
+                 start_work: int = 0):
         self.size = max(0, size)
-        self.out_slots = (cache_bytes + STREAM_BYTES) // CHUNK_OUTPUT_BYTES + SPARE_SLOTS
-        # One sequential reader keeps every worker busy: the chunk it asks for and the ones
-        # after it are converted at the same time (benchmark row 4).
-        self.read_ahead_chunks = self.size + 1
+        self.slot_bytes = slot_bytes
+        # Stored bytes of one chunk: every costly type stores at most 292 bytes per 256
+        # elements (Q8_K), i.e. under 0.3 bytes per float32 output byte; a half leaves room.
+        self.in_slot_bytes = slot_bytes // 2
+        self.out_slots = held_bytes // slot_bytes + SPARE_SLOTS
+        self.start_work = start_work
         self.running = False
         # Workers that finished starting (imported numpy and the kernels) and are not known
-        # dead.  Until one is, chunks are converted in the daemon's threads: a fresh mount's
-        # first reads do not wait for interpreters to start (~0.1 s each, more when loaded).
+        # dead.  Until one is, ``convert`` returns None: the caller converts in its own
+        # thread, and a fresh mount's first reads do not wait for interpreters to start.
         self.ready_workers = 0
         self._closed = False
         self._workers: list[_Worker | None] = []
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._slots_lock = threading.Lock()
         self._free: list[int] = []
+        self._held: set[int] = set()            # slots handed out in a PoolChunk
         self._specs: dict[tuple, bytes] = {}    # Conversion.spec -> its bytes in a task
         self._poisoned: set[int] = set()      # slots a worker that would not die may write
         self._stop_lock = threading.Lock()
+        self._ready_cond = threading.Condition(self._stop_lock)
         self._keeper: threading.Thread | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_lock = threading.Lock()
         self.arena: mmap.mmap | None = None
         self._arena_fd = -1
         self._wake_r = self._wake_w = -1
         self._wanted = threading.Event()
 
     # -- life -----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Map the arena and start the keeper thread, which starts the workers when the
-        first costly conversion asks for them (``want``): a mount that is never read that
-        way (most are only listed, or hold no quantized tensor) starts no interpreter."""
+    def start(self, ahead: bool = False) -> None:
+        """Map the arena and start the keeper thread, which starts the workers now
+        (``ahead``) or when a conversion of at least ``start_work`` bytes asks for them: a
+        mount that is never read that way (most are only listed, or hold no quantized
+        tensor) starts no interpreter."""
         if self.size == 0 or self.running:
             return
-        self._in_bytes = self.size * IN_SLOT_BYTES
-        total = self._in_bytes + self.out_slots * CHUNK_OUTPUT_BYTES
+        self._in_bytes = self.size * self.in_slot_bytes
+        total = self._in_bytes + self.out_slots * self.slot_bytes
         self._arena_fd = os.memfd_create("tensorfs-arena", os.MFD_CLOEXEC)
         os.ftruncate(self._arena_fd, total)
         self.arena = mmap.mmap(self._arena_fd, total, mmap.MAP_SHARED,
@@ -146,6 +200,8 @@ class WorkerPool:
         self._workers = [None] * self.size
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.running = True
+        if ahead:
+            self._wanted.set()
         # Workers are started, watched and replaced by this one thread: PR_SET_PDEATHSIG
         # fires when the *thread* that started a child ends, so it must be one that lives
         # as long as the pool (libfuse's threads come and go).
@@ -153,10 +209,22 @@ class WorkerPool:
         self._keeper.start()
 
     def want(self) -> None:
-        """A costly conversion is asked for: start the workers if they are not started.
-        (Until they are ready, chunks are converted in the daemon's threads.)"""
+        """Start the workers if they are not started (until they are ready, ``convert``
+        returns None)."""
         if not self._wanted.is_set():
             self._wanted.set()
+
+    @property
+    def started(self) -> bool:
+        """Whether the workers were asked to start (ahead, or by a conversion)."""
+        return self._wanted.is_set() and not self._closed
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until every worker is ready (or ``timeout``); whether they are."""
+        with self._ready_cond:
+            return self._ready_cond.wait_for(
+                lambda: self._closed or self.ready_workers == self.size, timeout) \
+                and not self._closed
 
     def close(self) -> None:
         if not self.running or self._closed:
@@ -169,8 +237,8 @@ class WorkerPool:
         for w in self._workers:
             if w is not None:
                 self._stop(w)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._ready_cond:
+            self._ready_cond.notify_all()
         for fd in (self._arena_fd, self._wake_r, self._wake_w):
             os.close(fd)
         self.running = False
@@ -267,8 +335,10 @@ class WorkerPool:
         if hello != b"ready":
             self._mark_dead(w)    # died while starting: its pidfd says so too
             return
-        w.ready = True
-        self.ready_workers += 1
+        with self._ready_cond:
+            w.ready = True
+            self.ready_workers += 1
+            self._ready_cond.notify_all()
         self._idle.put(w)
         if self.ready_workers == self.size:
             log.info("%d conversion workers ready (pids %s)", self.size,
@@ -283,7 +353,7 @@ class WorkerPool:
     def _spawn(self, index: int) -> _Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            in_offset = index * IN_SLOT_BYTES
+            in_offset = index * self.in_slot_bytes
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tensorfs.workers", str(os.getpid()),
                  str(theirs.fileno()), str(self._arena_fd), str(self.arena_bytes),
@@ -306,37 +376,71 @@ class WorkerPool:
         log.debug("conversion worker %d started: pid %d", index, proc.pid)
         return _Worker(index, proc, ours, pidfd)
 
-    # -- output slots ---------------------------------------------------------------------
-    def take_slot(self) -> int | None:
+    # -- output slots: taken by ``convert``, given back by the PoolChunk it returns ---------
+    def _take_slot(self) -> int | None:
         with self._slots_lock:
-            return self._free.pop() if self._free else None
+            if not self._free:
+                return None
+            slot = self._free.pop()
+            self._held.add(slot)
+            return slot
 
-    def give_slot(self, slot: int) -> None:
+    def _give_slot(self, slot: int) -> None:
         with self._slots_lock:
+            if slot not in self._held:
+                raise RuntimeError(f"output slot {slot} given back twice")
+            self._held.remove(slot)
             if slot not in self._poisoned:
                 self._free.append(slot)
 
-    def slot_view(self, slot: int, nbytes: int) -> memoryview:
-        start = self._in_bytes + slot * CHUNK_OUTPUT_BYTES
+    def _slot_view(self, slot: int, nbytes: int) -> memoryview:
+        start = self._in_bytes + slot * self.slot_bytes
         return memoryview(self.arena)[start:start + nbytes]
 
+    def slots(self) -> tuple[int, int]:
+        """(free, held) output slots."""
+        with self._slots_lock:
+            return len(self._free), len(self._held)
+
     # -- one conversion -------------------------------------------------------------------
-    def convert(self, conversion, fill_input, in_bytes: int, slot: int, out_bytes: int) -> None:
-        """Convert ``in_bytes`` stored bytes into output ``slot``: ``fill_input(buf)`` writes
-        the stored bytes into the worker's input slot (here, in the calling thread), the
-        worker converts.  Raises what ``fill_input`` raises, or ``WorkerError``."""
-        if in_bytes > IN_SLOT_BYTES or out_bytes > CHUNK_OUTPUT_BYTES:
+    def convert(self, conversion, fill_input, in_bytes: int, out_bytes: int,
+                work: int = 0) -> "PoolChunk | None":
+        """``in_bytes`` stored bytes converted by a worker into a ``PoolChunk`` of
+        ``out_bytes``: ``fill_input(buf)`` writes the stored bytes into the worker's input
+        slot (here, in the calling thread).  None, at once, when no worker is ready yet (the
+        workers are then started if ``work`` — the float32 bytes the caller has to convert
+        — is at least ``start_work``) or every output slot is held: convert in-thread.
+        Raises what ``fill_input`` raises, or ``WorkerError``."""
+        if in_bytes > self.in_slot_bytes or out_bytes > self.slot_bytes:
             raise ValueError("a chunk larger than an arena slot")
-        self.want()
+        if not self.running or self._closed:
+            return None
+        if self.ready_workers == 0:
+            if work >= self.start_work:
+                self.want()
+            return None
+        slot = self._take_slot()
+        if slot is None:
+            return None
+        chunk = PoolChunk(self, slot, out_bytes)
+        try:
+            self._convert_into(conversion, fill_input, in_bytes, slot, out_bytes)
+        except BaseException:
+            chunk.release()
+            raise
+        return chunk
+
+    def _convert_into(self, conversion, fill_input, in_bytes: int, slot: int,
+                      out_bytes: int) -> None:
         w = self._checkout()
         lost = False
         try:
-            in_offset = w.index * IN_SLOT_BYTES
+            in_offset = w.index * self.in_slot_bytes
             fill_input(memoryview(self.arena)[in_offset:in_offset + in_bytes])
             spec = self._specs.get(conversion.spec)
             if spec is None:
                 spec = self._specs[conversion.spec] = json.dumps(conversion.spec).encode()
-            task = _TASK.pack(in_offset, in_bytes, self._in_bytes + slot * CHUNK_OUTPUT_BYTES,
+            task = _TASK.pack(in_offset, in_bytes, self._in_bytes + slot * self.slot_bytes,
                               out_bytes) + spec
             try:
                 w.sock.send(task)
@@ -386,14 +490,39 @@ class WorkerPool:
         raise WorkerError(f"no conversion worker was free in {TASK_TIMEOUT_S:g} s"
                           if not self._closed else "the conversion workers are stopped")
 
-    # -- read-ahead -----------------------------------------------------------------------
-    def executor(self) -> ThreadPoolExecutor:
-        """Threads that wait for read-ahead conversions (they wait; the workers convert)."""
-        with self._executor_lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=self.read_ahead_chunks,
-                                                    thread_name_prefix="readahead")
-            return self._executor
+
+
+class PoolChunk:
+    """A converted chunk in an output slot of a pool's arena: a worker wrote it, the caller
+    reads ``data``; the slot is the pool's again once nobody holds the chunk (or at
+    ``release()``, for a caller that knows it is done).  ``len`` is its size in bytes (what
+    a cache counts)."""
+
+    __slots__ = ("_pool", "_slot", "n", "data")
+
+    def __init__(self, pool: WorkerPool, slot: int, n: int):
+        self._pool = pool
+        self._slot = slot
+        self.n = n
+        self.data = pool._slot_view(slot, n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def release(self) -> None:
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            self._pool._give_slot(slot)
+            try:
+                self.data.release()
+            except BufferError:         # a slice of it still held: goes with it
+                pass
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:       # interpreter shutdown
+            pass
 
 
 # -- the worker process ----------------------------------------------------------------------
@@ -421,7 +550,10 @@ def worker_main(argv: list[str]) -> int:
     from tensorfs.convert import conversion_from_spec
 
     conversions: dict[bytes, object] = {}
-    sock.send(b"ready")
+    try:
+        sock.send(b"ready")
+    except OSError:
+        return 0                  # the pool closed while we started (started ahead, not used)
     while True:
         try:
             task = sock.recv(4096)

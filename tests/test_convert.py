@@ -70,8 +70,9 @@ def test_matches_oracle_bit_for_bit(name):
 def worker_pool():
     from tensorfs.workers import WorkerPool
 
-    pool = WorkerPool(2, cache_bytes=1 << 20)
-    pool.start()
+    pool = WorkerPool(2)
+    pool.start(ahead=True)
+    assert pool.wait_ready(60)
     yield pool
     pids = pool.pids()
     pool.close()
@@ -87,15 +88,13 @@ def test_matches_oracle_bit_for_bit_through_worker_processes(worker_pool, name):
     data = random_blocks(name, n_blocks, rng)
     conv = conversion_for(ggml_tensor(name, n_blocks))
     out_bytes = n_blocks * conv.block_elems * 4
-    slot = worker_pool.take_slot()
-    try:
-        def fill(buf):
-            buf[:] = data.tobytes()
 
-        worker_pool.convert(conv, fill, data.nbytes, slot, out_bytes)
-        got = np.frombuffer(worker_pool.slot_view(slot, out_bytes), dtype="<f4").copy()
-    finally:
-        worker_pool.give_slot(slot)
+    def fill(buf):
+        buf[:] = data.tobytes()
+
+    chunk = worker_pool.convert(conv, fill, data.nbytes, out_bytes)
+    got = np.frombuffer(chunk.data, dtype="<f4").copy()
+    chunk.release()
     np.testing.assert_array_equal(bits(got), bits(oracle(name, data)))
 
 

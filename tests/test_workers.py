@@ -302,3 +302,165 @@ def test_a_stopped_worker_is_killed_after_the_timeout_and_the_read_fails_not_han
         assert "did not answer in 2 s" in log.read_text()
     finally:
         assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+# -- where the pool pays (issue 23) -------------------------------------------------------------
+
+BIG = "big.q4_k.weight"
+BIG_SHAPE = (8192, 4096)          # 128 MiB of float32: costly work enough to start workers ahead
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """A Q4_K tensor whose view is START_WORK_BYTES, and its stored blocks."""
+    import gguf
+
+    from quant_blocks import random_blocks
+    from tensorfs.workers import START_WORK_BYTES
+
+    rows, cols = BIG_SHAPE
+    assert rows * cols * 4 >= START_WORK_BYTES
+    blocks = random_blocks("Q4_K", rows * cols // 256, np.random.default_rng(23), raw_tail=0)
+    path = tmp_path_factory.mktemp("big") / "big.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor(BIG, blocks.reshape(rows, -1), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, blocks.reshape(-1, 144)
+
+
+def _big_range_ok(mnt, blocks, first_block: int, n_blocks: int) -> bool:
+    """The .npy view's values of blocks [first, first + n) against gguf-py, read with O_DIRECT
+    (one request each, straight from the daemon)."""
+    from quant_blocks import oracle
+
+    want = oracle("Q4_K", blocks[first_block:first_block + n_blocks].reshape(-1))
+    path = mnt / (BIG.replace(".", "/") + ".npy")
+    with open(path, "rb") as f:                      # where the data starts
+        np.lib.format.read_magic(f)
+        np.lib.format.read_array_header_1_0(f)
+        start = f.tell()
+    offset = start + first_block * 256 * 4
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        aligned = offset - offset % 4096
+        end = offset + want.nbytes
+        data = os.pread(fd, (end - aligned + 4095) // 4096 * 4096, aligned)
+        got = data[offset - aligned:end - aligned]
+    finally:
+        os.close(fd)
+    return np.array_equal(np.frombuffer(got, np.float32).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("cpus, load, paying", [
+    (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 2), (4, 1.2, 0), (16, 0, 14), (16, 8, 6),
+    (16, 13.6, 0)])
+def test_workers_pay_only_on_cpus_the_daemon_and_the_reader_leave_idle(cpus, load, paying):
+    from tensorfs.workers import paying_size
+
+    assert paying_size(cpus=cpus, load=load) == paying
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_by_default_no_worker_starts_on_one_or_two_cpus(big_model, mount, tmp_path, cpus):
+    path, blocks = big_model
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < cpus:
+        pytest.skip(f"this process may run on {len(mine)} CPU(s)")
+    log = tmp_path / "daemon.log"
+    os.sched_setaffinity(0, mine[:cpus])          # the daemon inherits it
+    try:
+        mnt = mount(path, "--log", str(log))
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert wait_for(lambda: "conversions in the daemon's threads" in log.read_text(), 30)
+    assert _big_range_ok(mnt, blocks, 4096, 2048)          # 8 MiB of float32, 3 chunks
+    assert _workers_of(daemon_pid(mnt)) == []
+    assert "conversion worker" not in log.read_text()
+
+
+def test_workers_start_ahead_for_costly_work_and_a_read_meanwhile_converts_in_thread(
+        big_model, mount, tmp_path):
+    path, blocks = big_model
+    log = tmp_path / "daemon.log"
+    mnt = mount(path, "--workers", "2", "--log", str(log),
+                env={"TENSORFS_WORKER_TIMEOUT_S": "10"})
+    pid = daemon_pid(mnt)
+    # no read yet: the mount started them, for a model with 128 MiB of Q4_K views
+    workers = wait_for(lambda: (w := _workers_of(pid)) and len(w) == 2 and w, 30, step=0.002)
+    assert workers, _workers_of(pid)
+    for w in workers:                   # held in their start-up: never ready meanwhile
+        os.kill(w, signal.SIGSTOP)
+    try:
+        text = log.read_text()
+        assert "starting the conversion workers ahead: 128 MiB" in text
+        assert "conversion workers ready" not in text, "a worker was ready before it was stopped"
+        # converted in the daemon's threads: a read sent to a stopped worker would fail
+        assert _big_range_ok(mnt, blocks, 8192, 2048)
+        assert "conversion workers ready" not in log.read_text()
+    finally:
+        for w in workers:
+            os.kill(w, signal.SIGCONT)
+    assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
+    assert _big_range_ok(mnt, blocks, 65536, 4096)         # now through the workers
+    assert sorted(_workers_of(pid)) == sorted(workers)
+    assert "died" not in log.read_text() and "did not answer" not in log.read_text()
+
+
+def test_the_pool_owns_its_slots_starts_only_for_work_worth_it_and_takes_chunks_back():
+    from quant_blocks import oracle, random_blocks
+    from tensorfs.convert import conversion_from_spec
+    from tensorfs.dtypes import GGML_TYPES_BY_NAME
+    from tensorfs.workers import SPARE_SLOTS, WorkerPool
+
+    conv = conversion_from_spec(("ggml", GGML_TYPES_BY_NAME["Q4_K"].id, "<"))
+    n_blocks = 1024                                  # one whole 1 MiB chunk
+    data = random_blocks("Q4_K", n_blocks, np.random.default_rng(5))
+    want = oracle("Q4_K", data)
+
+    def fill(buf):
+        buf[:] = data.tobytes()
+
+    def convert(work):
+        return pool.convert(conv, fill, data.nbytes, want.nbytes, work=work)
+
+    pool = WorkerPool(2, slot_bytes=1 << 20, held_bytes=4 << 20, start_work=64 << 20)
+    pool.start()
+    try:
+        slots = 4 + SPARE_SLOTS
+        assert pool.slots() == (slots, 0)
+        assert convert(work=1 << 20) is None        # cheap work: convert in-thread, no start
+        assert not pool.started and pool.pids() == []
+        assert convert(work=64 << 20) is None       # worth it: started, in-thread meanwhile
+        assert pool.started
+        assert pool.wait_ready(60) and len(pool.pids()) == 2
+        held = [convert(work=0) for _ in range(slots)]       # ready: any work goes to them
+        assert all(c is not None for c in held)
+        assert pool.slots() == (0, slots)
+        assert convert(work=0) is None              # every slot held: in-thread
+        for c in held:
+            assert np.array_equal(np.frombuffer(c.data, np.float32).view(np.uint32),
+                                  want.view(np.uint32))
+        held[0].release()
+        held[0].release()                           # once only
+        assert pool.slots() == (1, slots - 1)
+        del held, c                                 # dropped: back to the pool
+        assert pool.slots() == (slots, 0)
+    finally:
+        pids = pool.pids()
+        pool.close()
+    assert wait_for(lambda: _no_workers_left(pids), 10)
+    assert convert(work=64 << 20) is None           # closed: nothing to hand out
+
+
+def test_a_pool_closed_while_its_workers_start_leaves_no_process_and_no_traceback(capfd):
+    from tensorfs.workers import start_ahead
+
+    pool = start_ahead(size=2)
+    assert wait_for(lambda: len(pool.pids()) == 2, 30, step=0.005)
+    pids = pool.pids()
+    pool.close()                        # before they said they were ready (or just after)
+    assert wait_for(lambda: _no_workers_left(pids), 10)
+    assert "Traceback" not in capfd.readouterr().err
