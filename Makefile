@@ -31,7 +31,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
-	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote]'
+	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote,plot]'
 	touch $@
 
 # moto's S3 server for the remote tests, in its own virtualenv: beside s3fs, pip may settle
