@@ -85,6 +85,8 @@ def escaped(name: str) -> str:
             out.append("\\\\")
         elif ch.isprintable() and not ch.isspace():
             out.append(ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
         else:
             code = ord(ch)
             out.append(f"\\x{code:02x}" if code < 0x100 else
