@@ -96,6 +96,20 @@ def moments(x: np.ndarray, scratch: Scratch) -> Moments:
     return m
 
 
+def select(opened, names: list[str] | None) -> list:
+    """The tensors named (all when none is), in stored order; a name the model lacks is a
+    ``FactsError`` before anything is read."""
+    tensors = stored_order(opened.model)
+    if not names:
+        return tensors
+    known = {t.name for t in tensors}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise FactsError(f"{shown_name(opened.model.source)}: no tensor named {missing[0]!r}")
+    wanted = set(names)
+    return [t for t in tensors if t.name in wanted]
+
+
 @dataclass
 class TensorStats:
     name: str
@@ -119,15 +133,7 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
     """Stats of the tensors named (all by default), in stored order; ``on_tensor(stats)``
     is called as each one is done, in that order."""
     workers = workers or cpu_count()
-    tensors = stored_order(opened.model)
-    if names:
-        by_name = {t.name: t for t in tensors}
-        missing = [n for n in names if n not in by_name]
-        if missing:
-            raise FactsError(f"{shown_name(opened.model.source)}: no tensor named "
-                             f"{missing[0]!r}")
-        wanted = set(names)
-        tensors = [t for t in tensors if t.name in wanted]
+    tensors = select(opened, names)
     how = [values_of(t) for t in tensors]
     results: list[TensorStats] = [TensorStats(t.name, t.dtype, t.shape, Moments() if v.exists
                                               else None, None if v.exists else v.plan.reason)
@@ -187,9 +193,7 @@ def row(s: TensorStats) -> list[str]:
 def run(args, out=None) -> int:
     out = out or sys.stdout
     with open_model(args.model, dict(args.storage_options or []), args.timeout) as opened:
-        wanted = set(args.tensors) if args.tensors else None
-        total = sum(t.nbytes for t in opened.model.tensors
-                    if wanted is None or t.name in wanted)
+        total = sum(t.nbytes for t in select(opened, args.tensors))
         on_tensor = None
         if not args.json and not args.plot:
             out.write("\t".join(COLUMNS) + "\n")
