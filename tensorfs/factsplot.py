@@ -112,12 +112,13 @@ def plot_diff(results, a: str, b: str, path: str) -> None:
     for j, (name, v) in enumerate(others):
         x = last_layer + 2 + j
         ax.plot([x], [max(v, floor)], "D", color="black", markersize=5)
-        ax.annotate(_short(name, 30), (x, max(v, floor)), fontsize=7, rotation=60,
+        label = _short(name, 30) + (" (nmse 0)" if v == 0 else "")
+        ax.annotate(label, (x, max(v, floor)), fontsize=7, rotation=60,
                     xytext=(3, 3), textcoords="offset points")
     if positive:
         ax.set_yscale("log")
     ax.set_xlabel("layer" + ("   (◆ tensors outside the layers)" if others else ""))
-    ax.set_ylabel("nmse = Σ(a−b)² / Σa²")
+    ax.set_ylabel("nmse = Σ(a−b)² / Σa²" + ("  (0 drawn at the bottom)" if floor else ""))
     counts: dict[str, int] = {}
     for d in results:
         counts[d.status] = counts.get(d.status, 0) + 1
