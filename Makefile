@@ -100,6 +100,7 @@ bench: test-venv
 	@# the remote rows compare with curl (nginx and moto come with test-venv)
 	@command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl
 	$(BIN)/python bench/bench_remote.py
+	$(BIN)/python bench/bench_facts.py
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two
