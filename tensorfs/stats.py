@@ -88,8 +88,10 @@ def moments(x: np.ndarray, scratch: Scratch) -> Moments:
         return m
     wide = scratch.get("f64", finite.size, np.float64)
     np.copyto(wide, finite, casting="unsafe")     # exact: every view dtype fits float64 but
-    m.min = float(wide.min())                     # 64-bit integers past 2**53
-    m.max = float(wide.max())
+    if finite is x and x.dtype.kind == "f":       # 64-bit integers past 2**53
+        m.min, m.max = float(lo), float(hi)       # known already, and exact
+    else:
+        m.min, m.max = float(wide.min()), float(wide.max())
     m.mean = float(wide.sum()) / m.finite
     wide -= m.mean
     m.m2 = float(np.dot(wide, wide))
