@@ -172,7 +172,7 @@ def main() -> int:
         finally:
             server.stop()
         rows.append(("T5", f"hash --sha256 of the T1 model over http (nginx, 127.0.0.1)",
-                     "curl | sha256sum", ref, ours, 0.8, load()))
+                     "`curl \\| sha256sum`", ref, ours, 0.8, load()))
     elapsed = time.perf_counter() - t_start
     command = "python bench/bench_facts.py " + " ".join(sys.argv[1:])
     lines = [f"`{command}` — {datetime.date.today()}, {platform.machine()}, "
