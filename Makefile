@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel demo test bench fuzz clean check-debian13
+.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash demo test bench fuzz clean check-debian13
 all: test
 
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
@@ -31,7 +31,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
-	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote]'
+	$(BIN)/python -m pip install -q -r requirements-test.txt -e '.[test,remote,plot]'
 	touch $@
 
 # moto's S3 server for the remote tests, in its own virtualenv: beside s3fs, pip may settle
@@ -101,8 +101,32 @@ clients-venv: test-venv $(VENV)/.installed-clients
 demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
 
-test: test-venv clients-venv
-	$(BIN)/python -m pytest -q tests
+test: test-venv clients-venv llama-gguf-hash
+	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
+
+# llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from
+# the llama-cpp-python sdist (its vendored llama.cpp), that one target only (~2 min on 2
+# cores), statically linked and kept outside the clone (beside the clients' wheel, the same
+# llama-cpp-python release) so that a machine builds it once.
+LLAMA_GGUF_HASH := $(CLIENTS_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)/llama-gguf-hash
+llama-gguf-hash: $(LLAMA_GGUF_HASH)
+$(LLAMA_GGUF_HASH): | $(BIN)/python
+	@command -v cmake >/dev/null && command -v c++ >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install cmake and g++ (apt-get)" >&2; exit 1; fi; \
+	  echo "installing cmake and g++ (to build llama-gguf-hash, the hash tests' oracle) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++; }
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	src=$$tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON) && \
+	$(BIN)/python -m pip download -q --no-binary :all: --no-deps \
+	  llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $$tmp && \
+	tar -xzf $$src.tar.gz -C $$tmp && \
+	cmake -S $$src/vendor/llama.cpp -B $$tmp/build -DCMAKE_BUILD_TYPE=Release \
+	  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+	  -DLLAMA_BUILD_EXAMPLES=ON >$$tmp/cmake.log 2>&1 || { cat $$tmp/cmake.log >&2; exit 1; }; \
+	cmake --build $$tmp/build --target llama-gguf-hash -j$$(nproc) >$$tmp/build.log 2>&1 \
+	  || { tail -50 $$tmp/build.log >&2; exit 1; }; \
+	mkdir -p $(dir $@) && cp $$tmp/build/bin/llama-gguf-hash $@.part && mv $@.part $@
 
 # libfuse3-dev and pkg-config: to build row 7's floor, the smallest C daemon (bench/floor/).
 bench: test-venv
@@ -115,6 +139,7 @@ bench: test-venv
 	$(BIN)/python bench/bench_remote.py
 	@# W4, W5: whole remote files through files/ (issue 24)
 	$(BIN)/python bench/bench_clients.py
+	$(BIN)/python bench/bench_facts.py
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two

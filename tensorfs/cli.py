@@ -29,7 +29,7 @@ log = logging.getLogger("tensorfs")
 DEFAULT_CACHE_SIZE = "256M"
 DEFAULT_DISK_CACHE_SIZE = "10G"
 DEFAULT_TIMEOUT_S = 60.0
-COMMANDS = ("mount", "unmount", "umount", "inspect", "list")
+COMMANDS = ("mount", "unmount", "umount", "inspect", "list", "hash", "stats", "diff")
 
 MODEL_HELP = ("a .safetensors or .gguf file (the format is told from its bytes), a "
               "model.safetensors.index.json, a directory holding one model, the first shard "
@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "mount point, source, daemon pid, tensor count, state.")
     listing.add_argument("--json", action="store_true", help="a JSON array of objects")
     listing.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+
+    from tensorfs.facts_commands import add_commands       # hash, stats, diff (SPEC §12)
+
+    add_commands(sub, MODEL_HELP, DEBUG_HELP, _remote_options)
     return parser
 
 
@@ -316,13 +320,18 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
         _hide_secrets(args)
         if args.command is None:
-            raise UsageError("a command is required: mount, unmount, inspect or list (see --help)")
+            raise UsageError("a command is required: mount, unmount, inspect, list, hash, stats or diff "
+                             "(see --help)")
         if args.command == "mount":
             return cmd_mount(args)
         if args.command in ("unmount", "umount"):
             return cmd_unmount(args)
         if args.command == "list":
             return cmd_list(args)
+        if args.command in ("hash", "stats", "diff"):
+            from tensorfs.facts_commands import main as facts_main
+
+            return facts_main(args, _say_error, debug, _storage_option_values(sys.argv))
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
         _say_error(error)

@@ -114,14 +114,25 @@ def _abort_when_detached(mountpoint: str, aborts) -> None:
 
 class TensorXattrs(Mapping):
     """user.tensorfs.* of a tensor's files, made when asked (a dict per tensor would cost
-    more than the rest of the tensor's entry)."""
+    more than the rest of the tensor's entry).
 
-    __slots__ = ("tensor",)
+    A raw file (``raw`` given) also answers ``user.tensorfs.sha256``: the sha256 of its
+    bytes, computed on the first ask and kept for the mount's life.  It is not listed:
+    whatever copies the listed attributes (``cp -a``, ``rsync -X``) would hash every
+    tensor (docs/facts.md)."""
+
+    __slots__ = ("tensor", "raw", "sha256")
     NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
              "user.tensorfs.shard")
+    SHA256 = "user.tensorfs.sha256"
+    # one of these per tensor name: two threads asking for one file hash it once, two
+    # files are hashed at once
+    _LOCKS = tuple(threading.Lock() for _ in range(64))
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, raw=None):
         self.tensor = tensor
+        self.raw = raw
+        self.sha256: bytes | None = None
 
     def __getitem__(self, name: str) -> bytes:
         t = self.tensor
@@ -133,7 +144,21 @@ class TensorXattrs(Mapping):
             return str(t.offset).encode()
         if name == "user.tensorfs.shard":
             return os.path.basename(t.file).encode("utf-8", "surrogateescape")
+        if name == self.SHA256 and self.raw is not None:
+            return self._sha256()
         raise KeyError(name)
+
+    def __contains__(self, name) -> bool:
+        return name in self.NAMES or (name == self.SHA256 and self.raw is not None)
+
+    def _sha256(self) -> bytes:
+        if self.sha256 is None:
+            with self._LOCKS[hash(self.tensor.name) % len(self._LOCKS)]:
+                if self.sha256 is None:
+                    from tensorfs.hashing import sha256_of
+
+                    self.sha256 = sha256_of(self.raw).encode()
+        return self.sha256
 
     def __iter__(self):
         return iter(self.NAMES)
@@ -283,7 +308,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
             view = None
         elif not serve_raw and view is not None:
             raw = None
-        return raw, view, TensorXattrs(tensor)
+        # the raw file's attributes answer its sha256 too; the view's do not
+        return raw, view, (TensorXattrs(tensor, raw), TensorXattrs(tensor))
 
     if tensor_views:
         tree.add_tensors([t.name for t in tensors], layout, make_files)

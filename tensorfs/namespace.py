@@ -251,7 +251,8 @@ class Tree:
 
     def add_tensors(self, names: list[str], layout: str, make_files) -> None:
         """Place tensor ``i``'s files where ``tensor_paths`` says, when first asked for.
-        ``make_files(i)`` gives ``(raw_view, npy_view or None, xattrs)``."""
+        ``make_files(i)`` gives ``(raw_view, npy_view or None, xattrs)``; ``xattrs`` may be
+        a pair (the raw file's, the view's)."""
         if layout not in ("tree", "flat"):
             raise ValueError(f"unknown layout {layout!r}")
         placer = _TensorPlacer(self, names, layout, make_files)
@@ -333,10 +334,13 @@ class _TensorPlacer:
 
     def _add_files(self, entries, by_ino, raw_name, npy_name, i) -> None:
         raw_view, npy_view, xattrs = self.make_files(i)
+        # one mapping for both files, or a pair: the raw file's, the view's
+        raw_xattrs, npy_xattrs = xattrs if isinstance(xattrs, tuple) else (xattrs, xattrs)
         ino = self.first_file_ino + 2 * i
-        for name, view, node_ino in ((raw_name, raw_view, ino), (npy_name, npy_view, ino + 1)):
+        for name, view, node_ino, attrs in ((raw_name, raw_view, ino, raw_xattrs),
+                                            (npy_name, npy_view, ino + 1, npy_xattrs)):
             if view is None:
                 continue
             if name in entries:
                 raise TreeConflict(f"{name}: exists already")
-            entries[name] = by_ino[node_ino] = FileNode(view, xattrs, node_ino)
+            entries[name] = by_ino[node_ino] = FileNode(view, attrs, node_ino)

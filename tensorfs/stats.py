@@ -1,0 +1,218 @@
+"""``tensorfs stats`` (SPEC §12, docs/facts.md): what is in each tensor.
+
+Over the values of a tensor's ``.npy`` view (dequantized or widened to float32 as the mount
+serves them; a native type's own values), in float64: ``count`` (every element), the numbers
+of NaN, +Inf, -Inf and zeros (+0 and -0), and over the finite values ``min``, ``max``,
+``mean``, ``std`` (population: divided by the number of finite values) and ``absmax``.
+
+Each tensor is read once, in pieces of at most ``PIECE_ELEMENTS`` values worked on by every
+core; the pieces' moments are merged with Chan et al.'s pairwise rule, so memory is a few
+pieces per core whatever the tensor's size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensorfs.errors import printable
+from tensorfs.facts import (FactsError, Progress, Scratch, cpu_count, cut, fmt, json_number,
+                            open_model, read_into, run_ordered, shown_name, source_of,
+                            stored_order, tasks_of, values_of)
+
+
+@dataclass
+class Moments:
+    count: int = 0          # every element
+    nan: int = 0
+    posinf: int = 0
+    neginf: int = 0
+    zeros: int = 0
+    finite: int = 0         # what min ... absmax are over
+    min: float = math.inf
+    max: float = -math.inf
+    mean: float = 0.0
+    m2: float = 0.0         # sum of squared deviations from the mean
+
+    def merge(self, other: "Moments") -> None:
+        self.count += other.count
+        self.nan += other.nan
+        self.posinf += other.posinf
+        self.neginf += other.neginf
+        self.zeros += other.zeros
+        if other.finite == 0:
+            return
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        n = self.finite + other.finite
+        delta = other.mean - self.mean
+        self.mean += delta * other.finite / n
+        self.m2 += other.m2 + delta * delta * self.finite * other.finite / n
+        self.finite = n
+
+    def as_dict(self) -> dict:
+        some = self.finite > 0
+        return {"count": self.count,
+                "min": float(self.min) if some else None,
+                "max": float(self.max) if some else None,
+                "mean": self.mean if some else None,
+                "std": math.sqrt(self.m2 / self.finite) if some else None,
+                "absmax": max(abs(self.min), abs(self.max)) if some else None,
+                "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
+                "zeros": self.zeros}
+
+
+def moments(x: np.ndarray, scratch: Scratch) -> Moments:
+    """The moments of one piece of values (any numeric dtype), accumulated in float64."""
+    m = Moments(count=int(x.size))
+    if x.size == 0:
+        return m
+    if x.dtype == np.bool_:
+        x = x.view(np.uint8)
+    m.zeros = int(x.size - np.count_nonzero(x))
+    finite = x
+    if x.dtype.kind == "f":
+        lo, hi = x.min(), x.max()               # NaN if any is
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            nan = np.isnan(x)
+            m.nan = int(np.count_nonzero(nan))
+            m.posinf = int(np.count_nonzero(x == np.inf))
+            m.neginf = int(np.count_nonzero(x == -np.inf))
+            finite = x[np.isfinite(x)]
+    m.finite = int(finite.size)
+    if m.finite == 0:
+        return m
+    wide = scratch.get("f64", finite.size, np.float64)
+    np.copyto(wide, finite, casting="unsafe")     # exact: every view dtype fits float64 but
+    if finite is x and x.dtype.kind == "f":       # 64-bit integers past 2**53
+        m.min, m.max = float(lo), float(hi)       # known already, and exact
+    else:
+        m.min, m.max = float(wide.min()), float(wide.max())
+    m.mean = float(wide.sum()) / m.finite
+    wide -= m.mean
+    m.m2 = float(np.dot(wide, wide))
+    return m
+
+
+def select(opened, names: list[str] | None) -> list:
+    """The tensors named (all when none is), in stored order; a name the model lacks is a
+    ``FactsError`` before anything is read."""
+    tensors = stored_order(opened.model)
+    if not names:
+        return tensors
+    known = {t.name for t in tensors}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise FactsError(f"{shown_name(opened.model.source)}: no tensor named {missing[0]!r}")
+    wanted = set(names)
+    return [t for t in tensors if t.name in wanted]
+
+
+@dataclass
+class TensorStats:
+    name: str
+    dtype: str
+    shape: tuple
+    moments: Moments | None          # None: no values (a type without a .npy view)
+    reason: str | None = None
+
+    def as_dict(self) -> dict:
+        d = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.moments is None:
+            d["values"] = None
+            d["reason"] = self.reason
+        else:
+            d.update({k: json_number(v) for k, v in self.moments.as_dict().items()})
+        return d
+
+
+def model_stats(opened, names: list[str] | None = None, workers: int | None = None,
+                progress: Progress | None = None, on_tensor=None) -> list[TensorStats]:
+    """Stats of the tensors named (all by default), in stored order; ``on_tensor(stats)``
+    is called as each one is done, in that order."""
+    workers = workers or cpu_count()
+    tensors = select(opened, names)
+    how = [values_of(t) for t in tensors]
+    results: list[TensorStats] = [TensorStats(t.name, t.dtype, t.shape, Moments() if v.exists
+                                              else None, None if v.exists else v.plan.reason)
+                                  for t, v in zip(tensors, how)]
+    pieces = [piece for i, (t, v) in enumerate(zip(tensors, how)) if v.exists
+              for piece in cut(i, t.n_elements, v.unit_elems, v.unit_bytes)]
+    remaining = [0] * len(tensors)
+    for piece in pieces:
+        remaining[piece.index] += 1
+    scratch = Scratch()
+
+    def work(task):
+        out = []
+        for piece in task:
+            t, v = tensors[piece.index], how[piece.index]
+            raw = scratch.get("raw", piece.nbytes, np.uint8)
+            read_into(source_of(opened, t), t.offset + piece.start, memoryview(raw))
+            values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
+            out.append((piece, moments(values, scratch)))
+        return out
+
+    done_upto = 0
+
+    def emit_done() -> None:
+        nonlocal done_upto
+        while done_upto < len(tensors) and remaining[done_upto] == 0:
+            if on_tensor is not None:
+                on_tensor(results[done_upto])
+            done_upto += 1
+
+    def take(out) -> None:
+        for piece, m in out:
+            results[piece.index].moments.merge(m)
+            remaining[piece.index] -= 1
+            if progress is not None:
+                progress.update(piece.nbytes)
+        emit_done()
+
+    run_ordered(work, tasks_of(pieces), take, workers)
+    emit_done()
+    return results
+
+
+COLUMNS = ("name", "dtype", "count", "min", "max", "mean", "std", "absmax", "nan", "+inf",
+           "-inf", "zeros")
+
+
+def row(s: TensorStats) -> list[str]:
+    if s.moments is None:
+        return [printable(s.name), s.dtype, "-", f"no values: {s.reason}"]
+    d = s.moments.as_dict()
+    return [printable(s.name), s.dtype, str(d["count"])] + \
+        [fmt(d[k]) for k in ("min", "max", "mean", "std", "absmax")] + \
+        [str(d[k]) for k in ("nan", "posinf", "neginf", "zeros")]
+
+
+def run(args, out=None) -> int:
+    out = out or sys.stdout
+    with open_model(args.model, dict(args.storage_options or []), args.timeout) as opened:
+        total = sum(t.nbytes for t in select(opened, args.tensors))
+        on_tensor = None
+        if not args.json and not args.plot:
+            out.write("\t".join(COLUMNS) + "\n")
+            on_tensor = lambda s: (out.write("\t".join(row(s)) + "\n"), out.flush())  # noqa: E731
+        with Progress(total, "stats") as progress:
+            results = model_stats(opened, args.tensors or None, progress=progress,
+                                  on_tensor=on_tensor)
+    if args.json:
+        json.dump({"model": shown_name(args.model), "tensors": [s.as_dict() for s in results]},
+                  out, indent=1, ensure_ascii=True, allow_nan=False)
+        out.write("\n")
+    elif args.plot:
+        out.write("\t".join(COLUMNS) + "\n")
+        out.write("".join("\t".join(row(s)) + "\n" for s in results))
+    if args.plot:
+        from tensorfs.factsplot import plot_stats
+
+        plot_stats(results, shown_name(args.model), args.plot)
+    out.flush()
+    return 0
