@@ -60,8 +60,8 @@ def unmount(mnt: Path, env: dict) -> None:
 def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
         work: Path, repeat: int, copy: bool = False) -> dict:
     env = dict(os.environ)
-    if copy:            # local reads copied through Python, as before splice
-        env["TENSORFS_FD_REPLIES"] = "0"
+    # copy: local reads copied through Python (the default); else splice offered
+    env["TENSORFS_FD_REPLIES"] = "0" if copy else "1"
     if libdir:
         env["LD_LIBRARY_PATH"] = str(Path(libdir).resolve())
     best = {}

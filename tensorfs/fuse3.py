@@ -373,7 +373,7 @@ class Session:
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
-                 errno_of=lambda exc: errno.EIO):
+                 errno_of=lambda exc: errno.EIO, splice: bool = False):
         self.fs = fs
         self.lib = libfuse()
         self.errno_of = errno_of
@@ -395,6 +395,7 @@ class Session:
         self._ended = False
         self._ready_lock = threading.Lock()
         self.mechanism = self._fallback = COPY
+        self.splice = splice                    # offered where there is no passthrough
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
 
@@ -457,7 +458,7 @@ class Session:
 
     def _choose_mechanism(self, conn) -> str:
         lib = self.lib
-        splice = self._capable(conn, FUSE_CAP_SPLICE_WRITE)
+        splice = self.splice and self._capable(conn, FUSE_CAP_SPLICE_WRITE)
         if splice:
             self._set_want(conn, FUSE_CAP_SPLICE_WRITE)
         self._fallback = SPLICE if splice else COPY

@@ -25,10 +25,10 @@ BLOCK_SIZE = 1 << 20
 # than the 128 KiB default (tensorfs.fuse3.Session._raise_read_ahead; benchmark row 1).
 READ_AHEAD_KIB = 1024
 
-# TENSORFS_FD_REPLIES=0 turns off replies that name the model's descriptor (splice): local
-# reads are copied through Python as before.  For benchmarks (bench/bench_files.py, row W3)
-# and as a way out should a kernel mishandle them.
-FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "1") != "0"
+# TENSORFS_FD_REPLIES=1 turns on replies that name the model's descriptor (splice) where
+# there is no passthrough.  Off by default: measured slower than copying through Python
+# (docs/benchmarks.md "Whole files": W1 0.09 vs 0.14, W3 0.07 vs 0.15 on libfuse 3.14).
+FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
@@ -143,7 +143,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
     fs = TensorFS(tree)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
-                      read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of,
+                      read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
                       attr_timeout=options.attr_timeout, entry_timeout=options.entry_timeout,
                       negative_timeout=options.negative_timeout)
     session.serve(mountpoint, options, on_ready=on_ready)

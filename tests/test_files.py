@@ -158,7 +158,8 @@ def test_a_file_changed_under_the_mount_is_refused_at_open(tmp_path, mount, chan
 
 def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount):
     """Passthrough where libfuse >= 3.17 and root (this file runs against each libfuse in
-    tests/test_libfuse_matrix.py), splice before."""
+    tests/test_libfuse_matrix.py), copies before (splice only when asked for:
+    TENSORFS_FD_REPLIES=1)."""
     given, _ = _model_dir(tmp_path, "gguf")
     log = tmp_path / "daemon.log"
     mnt = mount(given, "--log", log)
@@ -168,7 +169,7 @@ def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount):
     assert version, text
     passthrough = (int(version[1]), int(version[2])) >= (3, 17) and os.geteuid() == 0
     lines = re.findall(r"local files: (\w+)", text)
-    assert lines == ["passthrough" if passthrough else "splice"], text
+    assert lines == ["passthrough" if passthrough else "copy"], text
     assert "passthrough refused" not in text
     if passthrough:         # the kernel reads the backing file: no READ reaches the daemon
         pid = int(re.search(r"tensorfs\[(\d+)\]", text)[1])
