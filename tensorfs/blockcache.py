@@ -336,7 +336,7 @@ class BlockReader:
             deadline = time.monotonic() + 3600      # nobody waits on read-ahead but readers,
             for index in todo:                      # who wait with their own deadline
                 self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
-                                    urgent=False, key=(id(self), i))
+                                    urgent=False, key=(id(self), limit))   # one per extent read
 
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
