@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tensorfs.remote import PROBE_BYTES
+from tensorfs.transports.base import PROBE_BYTES
 from tests.conftest import run_tensorfs
 from tests.remote.test_remote_mount import url_of
 
