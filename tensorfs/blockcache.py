@@ -49,7 +49,8 @@ SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at 
 MAX_AHEAD = 16                  # blocks of read-ahead, at most
 STREAMS = 16                    # sequential readers told apart per file
 # Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
-# (docs/remote.md "Measured", R2), and four readers of four tensors share them (R5).
+# (docs/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
+# 20 ms RTT), and four readers of four tensors share them (R5).
 IN_FLIGHT = 16
 
 log = logging.getLogger("tensorfs")
