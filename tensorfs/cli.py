@@ -331,7 +331,8 @@ def main(argv=None) -> int:
         if args.command in ("hash", "stats", "diff"):
             from tensorfs.facts_commands import main as facts_main
 
-            return facts_main(args, _say_error, debug, _storage_option_values(sys.argv))
+            options = getattr(args, "storage_options", None) or []
+            return facts_main(args, _say_error, debug, [option.text for option in options])
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
         _say_error(error)

@@ -94,7 +94,8 @@ def main(args, say_error, debug: bool, secrets=()) -> int:
         return 2
     models = [args.a, args.b] if args.command == "diff" else [args.model]
     if any(is_url(m) for m in models):
-        from tensorfs.remote import hide_from_cmdline, url_secrets
+        from tensorfs.location import url_secrets
+        from tensorfs.runtime import hide_from_cmdline
 
         # what `ps` shows of this process: no credentials
         hide_from_cmdline([s for m in models if is_url(m) for s in url_secrets(m)] +

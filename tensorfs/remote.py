@@ -184,6 +184,7 @@ class RemoteSource:
     def start(self) -> None:
         """In the serving process (the daemon, after the fork)."""
         self.transport.serve()
+        blockcache.reuse_freed_blocks()
         self.blocks.page_cached = True      # start() is the mount's: reads go through FUSE
         if self.version is None:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
