@@ -46,6 +46,15 @@ def pytest_unconfigure(config):
     shutil.rmtree(RUNTIME_DIR, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def users():
+    """Two real non-root users (victim, attacker) for the session: one fixture for every
+    module, so that no two modules try to make the same users."""
+    from tests.support.users import make_users
+
+    yield from make_users()
+
+
 @pytest.fixture
 def mount(tmp_path):
     """mount(model, *options) -> mount point; everything mounted is unmounted afterwards."""

@@ -24,7 +24,7 @@ from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
 from tests.remote.remote_checks import (
     MiB, assert_matches_reference, doc_of, header_size)
 from tests.servers import HubRepo, parse_range
-from tests.test_daemon import needs_users, users  # noqa: F401  (a fixture: real users)
+from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"             # the cache's own directory in DIR
 
