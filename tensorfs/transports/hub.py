@@ -4,12 +4,18 @@ commit's resolve URLs (``ENDPOINT/ORG/REPO/resolve/COMMIT/PATH``) over HTTP(S) l
 (``tensorfs.transports.http``), with the token huggingface_hub finds sent as
 ``Authorization: Bearer`` (which reqwest drops on the redirect to the Hub's CDN, another
 origin).  Every huggingface_hub call is waited for at most ``--timeout``
-(``tensorfs.transports.bounded``) and each failure is one line: a gated repo, a missing
-repo or revision, an answer that is not the Hub's JSON.
+(``tensorfs.transports.bounded``), and its answers are bounded too (``_bound_answers``: at
+most ``MAX_ANSWER_BYTES`` a page, as they are, at most ``MAX_LISTING_ENTRIES`` a listing); each
+failure is one line: a gated repo, a missing repo or revision, an answer that is not the
+Hub's JSON, or more of it than any repository's.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
+import threading
+from itertools import islice
 from urllib.parse import quote
 
 from tensorfs.errors import ModelError
@@ -17,6 +23,66 @@ from tensorfs.location import DIRECTORY, FILE, display_url
 from tensorfs.transports.base import FetchError, bounded, missing_extra
 from tensorfs.transports.http import HttpTransport
 from tensorfs.transports.objects import obstore
+
+# The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
+# repository of 100,000 files: ~15 MiB of siblings); a server that sends more, or an endless
+# listing, is refused before it fills the memory.
+MAX_ANSWER_BYTES = 64 << 20
+MAX_LISTING_ENTRIES = 1 << 17
+
+_our_call = threading.local()       # set while a call of ours runs in this thread
+
+
+@functools.cache
+def _bounded_body_type(http_library):
+    """A byte stream of ``http_library`` (httpx, or httpx2 from huggingface_hub 2 on: the
+    client's response checks the stream's base class) that fails past its limit."""
+
+    class BoundedBody(http_library.SyncByteStream):
+        def __init__(self, stream, limit: int):
+            self._stream, self._limit = stream, limit
+
+        def __iter__(self):
+            given = 0
+            for chunk in self._stream:
+                given += len(chunk)
+                if given > self._limit:
+                    raise FetchError("too_long", f"an answer of more than {self._limit >> 20} MiB")
+                yield chunk
+
+        def close(self):
+            self._stream.close()
+    return BoundedBody
+
+
+def _ask_plain(request) -> None:
+    if getattr(_our_call, "active", False):
+        request.headers["Accept-Encoding"] = "identity"
+
+
+def _bound_body(response) -> None:
+    if not getattr(_our_call, "active", False):
+        return                      # the program's own huggingface_hub calls: not ours to bound
+    encoding = response.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise FetchError("encoding", f"an answer encoded ({encoding}) although asked for as it is")
+    http_library = sys.modules[type(response).__module__.partition(".")[0]]
+    response.stream = _bounded_body_type(http_library)(response.stream, MAX_ANSWER_BYTES)
+
+
+def _bound_answers() -> None:
+    """Hooks on huggingface_hub's shared HTTP client (made anew after a fork) that ask for
+    bodies as they are and stop reading one past ``MAX_ANSWER_BYTES``, for the calls made by
+    ``HubTransport._hub_call`` only."""
+    from huggingface_hub.utils import get_session
+
+    client = get_session()
+    if getattr(client, "_tensorfs_bounded", False):
+        return
+    hooks = client.event_hooks
+    client.event_hooks = {"request": [*hooks.get("request", []), _ask_plain],
+                          "response": [*hooks.get("response", []), _bound_body]}
+    client._tensorfs_bounded = True
 
 
 class HubTransport(HttpTransport):
@@ -66,10 +132,19 @@ class HubTransport(HttpTransport):
         """``fn()`` (a huggingface_hub call), within ``--timeout``; a failure the Hub's
         errors do not name (no network, an answer that is not JSON) as one line."""
         shown = display_url(self.url)
+
+        def ours():
+            _our_call.active = True
+            try:
+                _bound_answers()
+                return fn()
+            finally:
+                _our_call.active = False
         try:
-            return bounded(fn, self.settings.timeout)
+            return bounded(ours, self.settings.timeout)
         except FetchError as error:
-            raise ModelError("remote_timeout", f"{what}: {error.message} from {self.endpoint}",
+            kind = "remote_timeout" if error.kind == "timeout" else "remote_error"
+            raise ModelError(kind, f"{what}: {error.message} from {self.endpoint}",
                              file=shown) from None
         except ValueError as error:         # JSONDecodeError and the like: not the Hub's JSON
             raise ModelError("remote_error", f"{what}: {self.endpoint} answered something "
@@ -130,9 +205,9 @@ class HubTransport(HttpTransport):
             shown = f"{self.root}/{directory}".rstrip("/")
             files, dirs = set(), set()
             try:
-                entries = self._hub_call(lambda: list(self.api.list_repo_tree(
+                entries = self._hub_call(lambda: list(islice(self.api.list_repo_tree(
                     self.repo_id, path_in_repo=directory or None, revision=self.commit,
-                    repo_type=self.repo_type)), "listing")
+                    repo_type=self.repo_type), MAX_LISTING_ENTRIES + 1)), "listing")
             except EntryNotFoundError:
                 entries = []
             except HfHubHTTPError as error:
@@ -146,6 +221,9 @@ class HubTransport(HttpTransport):
             except Exception as error:      # noqa: BLE001 - no network, a broken answer
                 raise ModelError("remote_error", f"listing failed: {type(error).__name__}",
                                  file=shown) from None
+            if len(entries) > MAX_LISTING_ENTRIES:
+                raise ModelError("remote_error", f"listing: more than {MAX_LISTING_ENTRIES} "
+                                 "entries in one directory", file=shown)
             for entry in entries:
                 name = str(getattr(entry, "path", "")).rsplit("/", 1)[-1]
                 if name:

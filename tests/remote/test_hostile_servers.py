@@ -265,6 +265,68 @@ def test_a_hub_tree_that_is_not_json_is_one_line(nginx, hostile, remote_env):
     assert "JSON" in line, line
 
 
+# -- the Hub's own answers are bounded too ----------------------------------------------------
+
+HUB_SENDS_AT_MOST = 512 * MiB       # then it stalls: a client that reads on holds all of it
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _hub_answering(nginx, where: str, how: str):
+    """A Hub whose API answers for paths containing ``where`` (``/revision/``, ``/tree/``)
+    lie the ``how`` way; its other answers are nginx's Hub layout's."""
+    import urllib.request
+
+    async def answer(method, path, headers):
+        if where not in path:
+            with urllib.request.urlopen(f"{nginx.url}{path}") as r:
+                body = r.read()
+            yield (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            return
+        head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        if how == "endless":            # JSON that never ends, chunked
+            yield (head + "Transfer-Encoding: chunked\r\n\r\n").encode()
+            yield _chunked(b'{"sha": "' if where == "/revision/" else b'[{"path": "')
+            for _ in range(HUB_SENDS_AT_MOST // MiB):
+                yield _chunked(b"a" * MiB)
+            await asyncio.Event().wait()
+        elif how == "long":             # a Content-Length of 1000 MiB, and the bytes
+            yield (head + f"Content-Length: {1000 * MiB}\r\n\r\n").encode() + b"["
+            for _ in range(HUB_SENDS_AT_MOST // MiB):
+                yield b" " * MiB
+            await asyncio.Event().wait()
+        elif how == "gzip":             # encoded although identity was asked for: 1000 MiB
+            packed = _gzip_bomb()
+            yield (head + f"Content-Encoding: gzip\r\nContent-Length: {len(packed)}\r\n\r\n"
+                   ).encode() + packed
+        elif how == "pages":            # a listing whose next page never is the last
+            entries = json.dumps([{"type": "file", "oid": "0" * 40, "size": 1,
+                                   "path": f"f{n:06d}-{len(path)}.bin"} for n in range(1000)])
+            link = f"<http://{headers['host']}{path}&p=1>" if "?" in path else \
+                f"<http://{headers['host']}{path}?p=1>"
+            yield (head + f'Link: {link}; rel="next"\r\nContent-Length: {len(entries)}\r\n\r\n'
+                   ).encode() + entries.encode()
+    return answer
+
+
+@pytest.mark.parametrize("where,how", [("/revision/", "endless"), ("/revision/", "long"),
+                                       ("/revision/", "gzip"), ("/tree/", "endless"),
+                                       ("/tree/", "gzip"), ("/tree/", "pages")])
+def test_the_hubs_answers_are_bounded(where, how, nginx, hostile, remote_env):
+    _gzip_bomb()                    # made before the clock runs
+    server = hostile(_hub_answering(nginx, where, how))
+    result, peak = _run_watching_rss(["inspect", "hf://tfs/safetensors", "--timeout", "60"],
+                                     {**remote_env, "HF_ENDPOINT": server.url}, timeout=180)
+    line = _one_line(result)
+    print(line, peak >> 20, "MiB", server.sent >> 20, "MiB sent")
+    assert "more than" in line or "encoded" in line, line    # refused as such, not timed out
+    assert server.sent < 300 * MiB, server.sent
+    assert peak < 300 * MiB, peak
+
+
 def test_the_token_is_not_sent_to_another_origin(nginx, corpus, hostile, rmount):
     server = hostile(_hub_api(nginx))
     mark = nginx.log_mark()
