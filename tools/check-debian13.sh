@@ -20,6 +20,10 @@ if [ ! -e "$root/.bootstrapped" ]; then
   touch "$root/.bootstrapped"
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"          # apt-get and pip in the chroot
+# A booted Debian has /etc/mtab (systemd-tmpfiles links it to the kernel's table); a bare
+# debootstrap has none, and fusermount3 then refuses a user's unmount ("failed to open
+# /etc/mtab"), which no machine a user runs would do.
+[ -e "$root/etc/mtab" ] || ln -s ../proc/self/mounts "$root/etc/mtab"
 rm -rf "$root/root/tensorfs" "$root/root/shared"
 git clone -q "$repo" "$root/root/tensorfs"
 shared=${SHARED:-$repo/../shared}

@@ -23,12 +23,17 @@ def daemon_pid(mnt) -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` has not finished exiting.  A killed process's first thread shows as a
+    zombie while its other threads are still exiting and holding its files (a daemon's
+    /dev/fuse: its mount still connected); it is gone once no other thread is left."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rsplit(b")", 1)[1].split()[0]
+        if state not in (b"Z", b"X"):
+            return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
-    return state not in (b"Z", b"X")
 
 
 def read_errno(path, offset: int = 0, size: int | None = None) -> int | bytes:
