@@ -95,11 +95,42 @@ def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
     return best
 
 
+def c_reference(model: Path, binary: str, libdir: str, work: Path, repeat: int,
+                splice: bool) -> dict:
+    """W1 and W2 through libfuse's own C example ``passthrough_hp`` with the kernel's
+    passthrough off: the FUSE round trip of a file served by a daemon, without any Python,
+    on this kernel -- the ceiling of the copy and splice paths."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(Path(libdir).resolve()))
+    best: dict = {}
+    for i in range(repeat):
+        read_all(model)
+        direct = read_all(model)
+        mnt = work / f"cmnt{i}"
+        mnt.mkdir()
+        # it daemonizes once mounted
+        subprocess.run([binary, "--nopassthrough", *([] if splice else ["--nosplice"]),
+                        str(model.parent), str(mnt)], check=True, env=env)
+        try:
+            w1 = read_all(mnt / model.name)
+            w2 = read_all(mnt / model.name)
+        finally:
+            subprocess.run(["umount", str(mnt)], check=True)
+        mnt.rmdir()
+        best["W1"] = max(best.get("W1", 0), direct / w1)
+        best["W2"] = max(best.get("W2", 0), direct / w2)
+        best["direct_GBps"] = max(best.get("direct_GBps", 0), model.stat().st_size / direct / 1e9)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--libfuse", action="append", default=[])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--c-reference", metavar="PASSTHROUGH_HP",
+                        help="also read the file through libfuse's example passthrough_hp "
+                             "(built from the libfuse source; runs with the --libfuse "
+                             "directory's library)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-files-") as tmp:
         work = Path(tmp)
@@ -116,6 +147,13 @@ def main() -> None:
             r = run(model, offset, n, libdir, work, args.repeat, copy)
             print(f"| {r['libfuse']} | {r['mechanism']} | {r['W1']:.2f} | {r['W2']:.2f} | "
                   f"{r['W3']:.2f} | {r['direct_GBps']:.1f} |")
+        if args.c_reference:
+            libdir = args.libfuse[-1] if args.libfuse else "/usr/lib/x86_64-linux-gnu"
+            for splice in (False, True):
+                r = c_reference(model, args.c_reference, libdir, work, args.repeat, splice)
+                print(f"| {Path(libdir).name} | C passthrough_hp, {'splice' if splice else 'copy'}"
+                      f" (no kernel passthrough) | {r['W1']:.2f} | {r['W2']:.2f} | - | "
+                      f"{r['direct_GBps']:.1f} |")
         print(f"load after {os.getloadavg()[0]:.2f}")
 
 
