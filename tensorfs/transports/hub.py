@@ -65,7 +65,8 @@ def _bound_body(response) -> None:
         return                      # the program's own huggingface_hub calls: not ours to bound
     encoding = response.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity"):
-        raise FetchError("encoding", f"an answer encoded ({encoding}) although asked for as it is")
+        raise FetchError("encoding", f"the server sent the answer encoded ({encoding}) although "
+                         f"asked for it as it is (Accept-Encoding: identity)")
     http_library = sys.modules[type(response).__module__.partition(".")[0]]
     response.stream = _bounded_body_type(http_library)(response.stream, MAX_ANSWER_BYTES)
 

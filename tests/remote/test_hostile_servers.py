@@ -241,7 +241,6 @@ def _hub_api(nginx, tree: bytes | None = None):
     """A Hub endpoint: the API answers relayed from nginx's Hub layout (the tree answered
     with ``tree`` when given); a file's resolve URL redirected to nginx by another name
     (localhost: another origin)."""
-    import urllib.request
 
     async def answer(method, path, headers):
         if "/resolve/" in path:
@@ -249,13 +248,22 @@ def _hub_api(nginx, tree: bytes | None = None):
                    f"Content-Length: 0\r\n\r\n").encode()
             return
         if tree is not None and "/tree/" in path:
-            body = tree
+            yield _json_answer(tree)
         else:
-            with urllib.request.urlopen(f"{nginx.url}{path}") as r:
-                body = r.read()
-        yield (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            yield _json_answer(_from_nginx(nginx, path))
     return answer
+
+
+def _from_nginx(nginx, path: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{nginx.url}{path}") as r:
+        return r.read()
+
+
+def _json_answer(body: bytes) -> bytes:
+    return (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def test_a_hub_tree_that_is_not_json_is_one_line(nginx, hostile, remote_env):
@@ -277,14 +285,10 @@ def _chunked(data: bytes) -> bytes:
 def _hub_answering(nginx, where: str, how: str):
     """A Hub whose API answers for paths containing ``where`` (``/revision/``, ``/tree/``)
     lie the ``how`` way; its other answers are nginx's Hub layout's."""
-    import urllib.request
 
     async def answer(method, path, headers):
         if where not in path:
-            with urllib.request.urlopen(f"{nginx.url}{path}") as r:
-                body = r.read()
-            yield (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+            yield _json_answer(_from_nginx(nginx, path))
             return
         head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
         if how == "endless":            # JSON that never ends, chunked
