@@ -172,7 +172,6 @@ def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount):
     before = _bytes_read(pid)
     assert (mnt / "files" / given.name).read_bytes() == given.read_bytes()
     read_by_the_daemon = _bytes_read(pid) - before
-    text = log.read_text()
     lines = re.findall(r"local files: (\w+)", text)
     assert lines == ["passthrough" if passthrough else "copy"], text
     assert "passthrough refused" not in text
