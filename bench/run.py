@@ -1031,10 +1031,13 @@ def write_report(b: Bench, command: str, elapsed: float) -> None:
     for num, what, ours, ref, ratio, goal in rows:
         lines.append(f"| {num} | {what} | {ours} | {ref} | {ratio:.2f} | {goal} |")
     lines += ["", "![throughput per view kind](benchmarks.png)", "",
-              "<details><summary>raw results (JSON)</summary>", "", "```json",
-              json.dumps(b.results, indent=1, sort_keys=True), "```", "</details>", "", END]
+              "Raw results: bench/results.json.", "", END]
     block = "\n".join(lines)
     path = b.args.out
+    # the raw figures beside the script, not in the document a person reads
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json"), "w") as f:
+        json.dump(b.results, f, indent=1, sort_keys=True)
+        f.write("\n")
     if os.path.exists(path):
         text = open(path).read()
         if BEGIN in text and END in text:
