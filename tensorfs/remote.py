@@ -124,6 +124,7 @@ def _mount_error(error: FetchError, path: str) -> ModelError:
     kinds = {"not_found": "remote_not_found", "denied": "remote_denied",
              "no_range": "remote_no_range", "unreachable": "remote_unreachable",
              "timeout": "remote_timeout", "not_a_file": "not_a_file",
+             "untrusted": "remote_untrusted",
              "too_long": "remote_error", "encoding": "remote_error"}
     message = error.message + (f": {error.hint}" if error.hint else "")
     return ModelError(kinds.get(error.kind, "remote_error"), message, file=path)

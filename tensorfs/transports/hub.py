@@ -22,7 +22,7 @@ from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, display_url
 from tensorfs.transports.base import FetchError, bounded, missing_extra
 from tensorfs.transports.http import HttpTransport
-from tensorfs.transports.objects import obstore
+from tensorfs.transports.objects import obstore, trusted_roots
 
 # The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
 # repository of 100,000 files: ~15 MiB of siblings); a server that sends more, or an endless
@@ -108,7 +108,7 @@ class HubTransport(HttpTransport):
         self.endpoint = (options.pop("endpoint", None)
                          or huggingface_hub.constants.ENDPOINT).rstrip("/")
         self._headers = dict(options.pop("headers", None) or {})
-        self._extra = options
+        self._extra = trusted_roots(options, display_url(self.url))
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
         self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=self.token or False)
