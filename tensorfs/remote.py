@@ -45,6 +45,18 @@ class RemoteSettings:
     cache: object = None                    # the mount's tensorfs.cache.ByteLRU
     cache_bytes: int = 256 << 20            # when no cache is given
     disk_cache: tuple[str, int] | None = None       # (directory, bytes)
+    # files the disk cache cannot keep (no version): said once on the terminal at mount
+    unkept: list = field(default_factory=list)
+
+    def notices(self) -> list[str]:
+        """What the mount command says on the terminal besides errors, once: a disk cache
+        that keeps nothing of some files."""
+        if not self.unkept:
+            return []
+        more = f" (and {len(self.unkept) - 1} more files)" if len(self.unkept) > 1 else ""
+        return [f"{self.unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
+                "keeps none of its blocks: every mount fetches them again (serve it with "
+                "ETags, as nginx does by default)"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,6 +182,8 @@ class RemoteSource:
             # terminal, where the mount prints nothing but its one error line
             log.info("%s: the server gives no version (ETag) for it: a change of the file "
                      "under the mount cannot be told; not kept in the disk cache", path)
+            if disk is not None and path not in settings.unkept:
+                settings.unkept.append(path)
         key = (path, self.version)
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
         identity = transport.identity(path) if disk is not None and self.version else None

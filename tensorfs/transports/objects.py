@@ -59,6 +59,12 @@ def client_options(settings, *, allow_http: bool, headers: dict | None = None,
 
 NO_RETRIES = {"max_retries": 0}
 
+# python3 -m http.server answers every GET with the whole file: what does answer a range
+# (each one tried: nginx in the tests, npx http-server 14 by hand)
+NO_RANGE = ("the server ignores Range requests (it answered the whole file, as python3 -m "
+            "http.server does): tensorfs reads only byte ranges: serve the file with a server "
+            "that answers them, such as nginx or npx http-server")
+
 
 # -- where obstore runs ---------------------------------------------------------------------
 #
@@ -356,8 +362,7 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
         return FetchError("version", "the object changed: it is no longer the version pinned "
                           "at mount (HTTP 412)", status=412)
     if isinstance(error, ox.NotSupportedError) and "Range" in text:
-        return FetchError("no_range", "the server ignores Range requests (it answered the "
-                          "whole file): tensorfs reads only byte ranges", status=200)
+        return FetchError("no_range", NO_RANGE, status=200)
     if status:
         return status_error(int(status.group(1)), hint_401)
     if "kind: Timeout" in text or "TimedOut" in text:

@@ -75,6 +75,30 @@ def test_a_refused_url_is_one_line_saying_which(case, nginx, s3, remote_env, tmp
     assert fuse_mounts_under(tmp_path) == [] and os.listdir(mnt) == []
 
 
+def test_python_http_server_is_refused_naming_servers_that_answer_ranges(corpus, tmp_path):
+    """The server everyone tries first: a real ``python3 -m http.server`` started here.  The
+    one line says what it does wrong and names servers that work (nginx: the suite's own)."""
+    import sys
+
+    from tests.servers import wait_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", str(port)],
+                              cwd=corpus.models["safetensors"].folder, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, server)
+        result = run_tensorfs("inspect", f"http://127.0.0.1:{port}/model.safetensors")
+    finally:
+        server.terminate()
+        server.wait()
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tensorfs: error: "), result.stderr
+    assert "ignores Range requests" in lines[0] and "nginx" in lines[0], lines[0]
+    assert "npx http-server" in lines[0], lines[0]
+
+
 def test_a_gated_repo_mounts_with_its_token(rmount, corpus):
     rmnt = rmount("hf://tfs/gated/model.safetensors", env={"HF_TOKEN": HF_TOKEN})
     assert_matches_reference(rmnt, corpus.models["safetensors"].files)
