@@ -483,6 +483,26 @@ def untrusted_certificate(text: str, where: str) -> FetchError:
     return FetchError("untrusted", f"{head}: {why}")
 
 
+def python_tls_problem(error: BaseException) -> str | None:
+    """What a certificate refused by Python's ssl (huggingface_hub's HTTP client) means, from
+    anywhere in ``error``'s chain, or None.  That client trusts the system's store or
+    SSL_CERT_FILE / SSL_CERT_DIR, not ``root_certificate``."""
+    import ssl
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ssl.SSLCertVerificationError):
+            why = error.verify_message or str(error)
+            return (f"the server's certificate is not trusted (OpenSSL: {why}): trust its CA "
+                    "with SSL_CERT_FILE=PATH or SSL_CERT_DIR=DIR, or in the system's store "
+                    "(the Hub's API requests do not read root_certificate)")
+        error = error.__cause__ or error.__context__ or (error.args[0] if error.args and
+                                                         isinstance(error.args[0], BaseException)
+                                                         else None)
+    return None
+
+
 def store_problem(error: BaseException) -> str:
     """What obstore's refusal to make a store (a bad option, no certificates to trust) says,
     in one line without URLs."""

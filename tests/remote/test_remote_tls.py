@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.remote.conftest import publish_files
+from tests.remote.conftest import hub_repos, publish_files
 from tests.remote.remote_checks import assert_matches_reference
 from tests.servers import Nginx
 from tests.support import mounts_in, run_tensorfs
@@ -34,6 +34,16 @@ def https_nginx(corpus, private_ca, tmp_path_factory):
     """nginx serving the corpus over https with a certificate the private CA signed."""
     server = Nginx(tmp_path_factory.mktemp("tls-nginx"), tls=(private_ca.cert, private_ca.key))
     publish_files(server, corpus)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def https_hub(corpus, private_ca, tmp_path_factory):
+    """nginx in the Hub's layout over https (HF_ENDPOINT=https://...), the private CA's."""
+    server = Nginx(tmp_path_factory.mktemp("tls-hub"), list(hub_repos(corpus).values()),
+                   tls=(private_ca.cert, private_ca.key))
     server.start()
     yield server
     server.stop()
@@ -173,3 +183,40 @@ def test_https_to_a_plain_http_port_says_the_handshake_failed(nginx, plain_env):
     url = nginx.url.replace("http://", "https://") + "/files/safetensors/model.safetensors"
     line = _one_line(run_tensorfs("inspect", url, env=_env(plain_env)))
     assert "TLS handshake failed" in line and "speak https" in line, line
+
+
+def _hub_env(plain_env, hub, tmp_path, **changes) -> dict:
+    return _env(plain_env, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"),
+                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_IMPLICIT_TOKEN="1", **changes)
+
+
+def test_an_untrusted_hub_endpoint_says_so_in_one_line(https_hub, plain_env, tmp_path):
+    """huggingface_hub's own requests (the revision) meet the certificate first."""
+    line = _one_line(run_tensorfs("inspect", "hf://tfs/safetensors/model.safetensors",
+                                  env=_hub_env(plain_env, https_hub, tmp_path)))
+    assert "certificate is not trusted" in line and "SSL_CERT_FILE" in line, line
+
+
+@pytest.mark.slow
+def test_a_hub_endpoint_of_a_private_ca_is_trusted_through_ssl_cert_file(https_hub, private_ca,
+                                                                         corpus, plain_env,
+                                                                         tmp_path, tmount):
+    model = corpus.models["safetensors"]
+    mnt = tmount(f"hf://tfs/safetensors/{model.entry}",
+                 env=_hub_env(plain_env, https_hub, tmp_path, SSL_CERT_FILE=str(private_ca.trust)))
+    assert_matches_reference(mnt, model.files)
+
+
+def test_an_s3_endpoint_takes_root_certificate_as_its_clients(https_nginx, private_ca, plain_env,
+                                                              tmp_path):
+    """root_certificate given for s3:// reaches the HTTP client (not the store's config): the
+    certificate error without it, another answer (not an S3 server) with it."""
+    env = _env(plain_env, AWS_ENDPOINT_URL=https_nginx.url, AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+               AWS_EC2_METADATA_DISABLED="true")
+    url = "s3://models/safetensors/model.safetensors"
+    untrusted = _one_line(run_tensorfs("inspect", url, env=env))
+    assert "certificate is not trusted" in untrusted, untrusted
+    trusted = _one_line(run_tensorfs("inspect", url, "--storage-option",
+                                     f"root_certificate={private_ca.trust}", env=env))
+    assert "certificate" not in trusted and "root_certificate" not in trusted, trusted
