@@ -51,10 +51,11 @@ class RemoteSettings:
     def notices(self) -> list[str]:
         """What the mount command says on the terminal besides errors, once: a disk cache
         that keeps nothing of some files."""
-        if not self.unkept:
+        unkept = list(dict.fromkeys(self.unkept))      # shards are opened in parallel
+        if not unkept:
             return []
-        more = f" (and {len(self.unkept) - 1} more files)" if len(self.unkept) > 1 else ""
-        return [f"{self.unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
+        more = f" (and {len(unkept) - 1} more files)" if len(unkept) > 1 else ""
+        return [f"{unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
                 "keeps none of its blocks: every mount fetches them again (serve it with "
                 "ETags, as nginx does by default)"]
 
