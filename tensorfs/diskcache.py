@@ -503,7 +503,8 @@ def _open_user_dir(directory: str, euid: int) -> int:
                                                   else f"{here}: {error.strerror}")) from None
             os.close(fd)
             fd = child
-            shown = [os.path.dirname(os.path.join(*shown, name))] if name == ".." else shown + [name]
+            # ``shown`` holds directories only (links are resolved), so ".." is its dirname
+            shown = [os.path.dirname(os.path.join(*shown))] if name == ".." else shown + [name]
             if last:
                 why = unsafe_directory(os.fstat(fd), euid)
                 if why is not None:

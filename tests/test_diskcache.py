@@ -229,6 +229,23 @@ def test_links_of_the_users_own_on_the_way_to_dir_are_followed(tmp_path):
     assert all((real / c / ROOT).is_dir() for c in ("c1", "c2", "c3"))
 
 
+@needs_users
+def test_a_link_of_the_users_own_that_leads_up_into_another_users_directory_is_refused(
+        users, shared, tmp_path):
+    """``..`` in a link is checked where it leads: ``mine/up -> ../theirs``, ``theirs`` another
+    user's: refused naming it."""
+    _, attacker = users
+    base = shared(0o1777)
+    (base / "mine").mkdir(mode=0o700)
+    theirs = base / "theirs"
+    assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+    (base / "mine" / "up").symlink_to("../theirs")
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(base / "mine" / "up" / "cache"), 1 << 20)
+    assert f"{theirs} (on the way to it): it belongs to uid {attacker.uid}" in str(refused.value)
+    assert os.listdir(theirs) == []
+
+
 def test_a_loop_of_links_on_the_way_is_one_line(tmp_path):
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")
