@@ -338,6 +338,7 @@ def _listing(spec, prefix, where) -> dict:
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _OS_MESSAGE = re.compile(r'message: "([^"]*)"')
+_DNS_MESSAGE = re.compile(r'"dns error",\s*Custom\s*\{[^}]*?error:\s*"([^"]*)"')
 
 
 def classify(error: BaseException, hint_401: str = "", where: str = "",
@@ -377,9 +378,11 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
                           "https on this port?")
     if "kind: Connect" in text:
         why = _OS_MESSAGE.search(text)
+        dns = _DNS_MESSAGE.search(text)
         to = f" to {where}" if where else ""
-        return FetchError("unreachable", f"cannot connect{to}: "
-                          f"{why.group(1) if why else 'no connection'}", transient=True)
+        said = (why.group(1) if why else f"the host name does not resolve ({dns.group(1)})" if dns
+                else "no connection")
+        return FetchError("unreachable", f"cannot connect{to}: {said}", transient=True)
     if "Requested " in text and ", got " in text:
         return FetchError("http", "the server answered with other bytes than the range asked for "
                           "(its Content-Range)", transient=True)

@@ -39,6 +39,8 @@ def _refusals(nginx):
         ("http-403", f"{nginx.url}/forbidden/model.gguf", {}, ["access denied", "403"]),
         ("http-no-range", f"{nginx.url}/norange/mixed/mixed.gguf", {}, ["Range"]),
         ("http-unreachable", f"http://127.0.0.1:{closed}/model.gguf", {}, ["cannot connect"]),
+        ("http-no-such-host", "http://no-such-host.invalid/model.gguf", {},
+         ["cannot connect", "does not resolve"]),
         ("hf-gated-no-token", "hf://tfs/gated/model.safetensors", {}, ["401", "HF_TOKEN"]),
         ("hf-gated-wrong-token", "hf://tfs/gated/model.safetensors",
          {"HF_TOKEN": "hf_wrongTOKENnotgranted42"}, ["403"]),
