@@ -125,6 +125,31 @@ def test_a_private_ca_is_trusted_every_way_up_to_the_daemons_reads(https_nginx, 
     assert_matches_reference(mnt, model.files)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a private mount namespace")
+def test_the_system_store_is_trusted(https_nginx, private_ca, plain_env, tmp_path):
+    """No SSL_CERT_* and no option: the CA in the system's store (/etc/ssl/certs, as
+    update-ca-certificates fills it) is trusted.  The store is replaced in a private mount
+    namespace only (a bind mount), so the machine's own is untouched."""
+    import shlex
+    import subprocess
+
+    from tests.support import TENSORFS
+
+    store = hashed_directory(tmp_path / "store", private_ca.trust)
+    (store / "ca-certificates.crt").write_bytes(private_ca.trust.read_bytes())
+    url = f"{https_nginx.url}/files/safetensors/model.safetensors"
+    inspect = shlex.join([*TENSORFS, "inspect", url])
+    script = f"mount --bind {shlex.quote(str(store))} /etc/ssl/certs && exec {inspect}"
+    result = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                            capture_output=True, text=True, env=_env(plain_env), timeout=120,
+                            stdin=subprocess.DEVNULL)
+    if "unshare failed" in result.stderr or "mount: " in result.stderr:
+        pytest.skip(f"no private mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 0, result.stderr
+    untrusted = _one_line(run_tensorfs("inspect", url, env=_env(plain_env)))   # outside it
+    assert "UnknownIssuer" in untrusted
+
+
 def test_root_certificate_takes_a_path_relative_to_the_working_directory(https_nginx,
                                                                          private_ca, plain_env):
     url = f"{https_nginx.url}/files/safetensors/model.safetensors"
