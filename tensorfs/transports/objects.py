@@ -467,7 +467,8 @@ def untrusted_certificate(text: str, where: str) -> FetchError:
         why = ("it is a CA certificate serving as the server's own (openssl req -x509 makes one), "
                "which rustls refuses even when trusted: make it with -addext "
                "basicConstraints=critical,CA:FALSE, or make a CA and a server certificate it "
-               "signs (docs/remote.md)")
+               "signs, then trust that certificate or the CA with root_certificate=PATH "
+               "(docs/remote.md)")
     elif reason == "UnsupportedCertVersion":
         why = ("it is an X.509 v1 certificate, which rustls refuses: make a v3 one with a "
                "subjectAltName (docs/remote.md)")
