@@ -414,15 +414,24 @@ TRUST_WAYS = ("--storage-option root_certificate=PATH (the CA's PEM file), SSL_C
               "or SSL_CERT_DIR=DIR")
 
 
+# obstore's client options that take PEM text; tensorfs takes a PEM file's path there too
+PEM_OPTIONS = ("root_certificate", "proxy_ca_certificate")
+
+
 def trusted_roots(options: dict, shown: str) -> dict:
-    """``options`` with ``root_certificate`` as PEM text: the option takes the PEM text or,
-    as curl's --cacert and requests' verify do, the path of a PEM file (read here, once, by
-    the command: the daemon that makes stores later runs elsewhere)."""
+    """``options`` with each of ``PEM_OPTIONS`` as PEM text: the option takes the PEM text
+    or, as curl's --cacert and requests' verify do, the path of a PEM file (read here, once,
+    by the command: the daemon that makes stores later runs elsewhere)."""
+    for key in PEM_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, str) and "-----BEGIN" not in value:
+            options = {**options, key: _pem_file(key, value, shown)}
+    return options
+
+
+def _pem_file(key: str, value: str, shown: str) -> str:
     from tensorfs.errors import ModelError
 
-    value = options.get("root_certificate")
-    if value is None or not isinstance(value, str) or "-----BEGIN" in value:
-        return options
     path = os.path.expanduser(value)
     try:
         with open(path, "rb") as f:
@@ -430,17 +439,17 @@ def trusted_roots(options: dict, shown: str) -> dict:
                 raise IsADirectoryError(f"{value} is not a file")
             data = f.read(MAX_CERTIFICATE_BYTES + 1)
     except OSError as error:
-        raise ModelError("remote_options", f"root_certificate={value}: neither PEM text nor a "
-                         f"readable file ({error.strerror or error})", file=shown) from None
+        raise ModelError("remote_options", f"{key}={value}: neither PEM text nor a readable "
+                         f"file ({error.strerror or error})", file=shown) from None
     if len(data) > MAX_CERTIFICATE_BYTES:
-        raise ModelError("remote_options", f"root_certificate={value}: larger than "
+        raise ModelError("remote_options", f"{key}={value}: larger than "
                          f"{MAX_CERTIFICATE_BYTES >> 20} MiB, not a certificate file", file=shown)
     if b"-----BEGIN CERTIFICATE-----" not in data:
         der = (f": a DER file converts with openssl x509 -inform der -in {value} -out CA.pem"
                if data[:1] == b"\x30" else "")
-        raise ModelError("remote_options", f"root_certificate={value}: holds no PEM certificate "
+        raise ModelError("remote_options", f"{key}={value}: holds no PEM certificate "
                          f"(-----BEGIN CERTIFICATE-----){der}", file=shown)
-    return {**options, "root_certificate": data.decode("ascii", errors="replace")}
+    return data.decode("ascii", errors="replace")
 
 
 _TLS_FAILURE = re.compile(r"(InvalidMessage|AlertReceived|PeerIncompatible|PeerMisbehaved)"

@@ -158,15 +158,16 @@ def test_root_certificate_takes_a_path_relative_to_the_working_directory(https_n
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("option", ["root_certificate", "proxy_ca_certificate"])
 @pytest.mark.parametrize("given, says", [("missing.pem", "neither PEM text nor a readable file"),
                                          (".", "neither PEM text nor a readable file"),
                                          ("server.ext", "holds no PEM certificate")])
-def test_a_root_certificate_that_is_no_certificate_is_one_line(https_nginx, private_ca, plain_env,
-                                                               given, says):
+def test_a_certificate_option_that_is_no_certificate_is_one_line(https_nginx, private_ca,
+                                                                 plain_env, given, says, option):
     url = f"{https_nginx.url}/files/safetensors/model.safetensors"
-    line = _one_line(run_tensorfs("inspect", url, "--storage-option", f"root_certificate={given}",
+    line = _one_line(run_tensorfs("inspect", url, "--storage-option", f"{option}={given}",
                                   env=_env(plain_env), cwd=private_ca.trust.parent))
-    assert says in line and given in line, line
+    assert says in line and f"{option}={given}" in line, line
 
 
 def test_openssl_req_x509s_self_signed_certificate_is_refused_with_the_way_forward(
