@@ -211,6 +211,31 @@ def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, ngi
         shutil.rmtree(shared, ignore_errors=True)
 
 
+@needs_users
+def test_a_disk_cache_below_another_users_link_is_refused(users, nginx, remote_env, tmp_path):
+    """``--disk-cache /shared/link/sub`` where another user's ``link`` points into a
+    directory of theirs: the mount is refused in one line naming the link, and nothing is
+    created where it points (the parent chain, not only DIR's last component)."""
+    _, attacker = users
+    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+    try:
+        shared.chmod(0o1777)
+        theirs = shared / "theirs"
+        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+        link = shared / "link"
+        assert attacker.run("ln", "-s", theirs, link).returncode == 0
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        result = run_tensorfs("mount", f"{nginx.url}/files/big/big.safetensors", mnt,
+                              "--disk-cache", f"{link}/sub:5M", env=remote_env)
+        assert result.returncode == 1, result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
+        assert fuse_mounts_under(mnt) == [] and os.listdir(theirs) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_a_block_changed_on_disk_is_fetched_again_and_logged(nginx, corpus, rmount, remote_env,
                                                             tmp_path):
     """4 bytes of every block file overwritten between two mounts: the second serves the
