@@ -263,7 +263,11 @@ def _remote_settings(args, cache):
 def _say_error(text: str) -> None:
     """The one error line, escaped as a whole: the last line of defence against a name
     that carries ESC or BEL to the terminal."""
-    line = "tensorfs: error: " + one_line_bounded(str(text))
+    _say("error", text)
+
+
+def _say(what: str, text: str) -> None:
+    line = f"tensorfs: {what}: " + one_line_bounded(str(text))
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -479,7 +483,10 @@ def cmd_mount(args) -> int:
     try:
         with _no_gc_while_building():
             cache = ByteLRU(args.cache_size)
-            model = load_model(args.model, _remote_settings(args, cache))
+            settings = _remote_settings(args, cache)
+            model = load_model(args.model, settings)
+            for notice in settings.notices() if settings is not None else ():
+                _say("warning", notice)     # tensorfs.remote: what the terminal must hear once
             mounted = build_mount(model, cache, args.layout, args.views,
                                   workers=args.workers)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now

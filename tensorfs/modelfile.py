@@ -64,6 +64,9 @@ def parse_source(source) -> ModelFile:
     except ModelError as error:
         if error.file is None:
             error.file = path
+        if _claims_more_than_the_file(error, file_size):
+            error.message += (": the file looks truncated (an interrupted download or copy?): "
+                              "compare its size with the source's")
         raise
     except SourceError as error:
         # the file changed while it was parsed (ModelSource checks after every read), or a
@@ -72,6 +75,19 @@ def parse_source(source) -> ModelFile:
         raise ModelError("unreadable", f"read failed: {why}", file=path) from None
     except OSError as error:
         raise ModelError("unreadable", f"read failed: {error.strerror}", file=path) from None
+
+
+# The refusals where the header claims more bytes than the file has: what a download cut
+# short looks like (the parsers say what runs past the end; this says what it likely means).
+_PAST_THE_END = {"truncated", "count", "tensor_data", "InvalidHeaderLength"}
+
+
+def _claims_more_than_the_file(error: ModelError, file_size: int) -> bool:
+    if error.kind in _PAST_THE_END:
+        return True
+    # safetensors: the data ends elsewhere than the file does; past it (the offset is then
+    # the file's size), not short of it (a file longer than its header says)
+    return error.kind == "MetadataIncompleteBuffer" and error.offset == file_size
 
 
 # What a newcomer may give instead of a model, told by its first bytes: say what it is.

@@ -45,6 +45,19 @@ class RemoteSettings:
     cache: object = None                    # the mount's tensorfs.cache.ByteLRU
     cache_bytes: int = 256 << 20            # when no cache is given
     disk_cache: tuple[str, int] | None = None       # (directory, bytes)
+    # files the disk cache cannot keep (no version): said once on the terminal at mount
+    unkept: list = field(default_factory=list)
+
+    def notices(self) -> list[str]:
+        """What the mount command says on the terminal besides errors, once: a disk cache
+        that keeps nothing of some files."""
+        unkept = list(dict.fromkeys(self.unkept))      # shards are opened in parallel
+        if not unkept:
+            return []
+        more = f" (and {len(unkept) - 1} more files)" if len(unkept) > 1 else ""
+        return [f"{unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
+                "keeps none of its blocks: every mount fetches them again (serve it with "
+                "ETags, as nginx does by default)"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,6 +137,7 @@ def _mount_error(error: FetchError, path: str) -> ModelError:
     kinds = {"not_found": "remote_not_found", "denied": "remote_denied",
              "no_range": "remote_no_range", "unreachable": "remote_unreachable",
              "timeout": "remote_timeout", "not_a_file": "not_a_file",
+             "untrusted": "remote_untrusted",
              "too_long": "remote_error", "encoding": "remote_error"}
     message = error.message + (f": {error.hint}" if error.hint else "")
     return ModelError(kinds.get(error.kind, "remote_error"), message, file=path)
@@ -169,6 +183,8 @@ class RemoteSource:
             # terminal, where the mount prints nothing but its one error line
             log.info("%s: the server gives no version (ETag) for it: a change of the file "
                      "under the mount cannot be told; not kept in the disk cache", path)
+            if disk is not None and path not in settings.unkept:
+                settings.unkept.append(path)
         key = (path, self.version)
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
         identity = transport.identity(path) if disk is not None and self.version else None

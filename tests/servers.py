@@ -2,7 +2,8 @@
 
 * ``Nginx``: Debian's nginx, run in the foreground from a generated config (``-c``, ``-p`` a
   tmp prefix, pid and logs there), serving ``www/`` with ``Range`` and ``ETag``:
-  ``/files/...`` as plain HTTP, ``/norange/...`` ignoring ``Range`` (``max_ranges 0``),
+  ``/files/...`` as plain HTTP (or https: ``tls``), ``/norange/...`` ignoring ``Range``
+  (``max_ranges 0``), ``/noetag/...`` the same files without ``ETag``,
   ``/private/...`` 401, ``/forbidden/...`` 403, and Hugging Face repos (``HubRepo``) in the
   Hub's layout with the few API answers ``huggingface_hub`` asks for, as static files, so
   that ``HF_ENDPOINT=http://127.0.0.1:PORT`` makes ``hf://ORG/REPO/...`` work offline.  Its
@@ -225,12 +226,13 @@ http {{
     }}
 
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         server_name localhost;
         root {www};
 
         location /files/ {{ }}
         location /norange/ {{ max_ranges 0; }}
+        location /noetag/ {{ etag off; alias {www}/files/; }}
         location /private/ {{ return 401; }}
         location /basic/ {{
             auth_basic tensorfs;
@@ -301,7 +303,10 @@ http {{
 class Nginx:
     """One nginx in the foreground; ``start()`` writes its config (repos published first)."""
 
-    def __init__(self, base: Path, repos: list[HubRepo] = (), workers: int = 1):
+    def __init__(self, base: Path, repos: list[HubRepo] = (), workers: int = 1,
+                 tls: tuple[Path, Path] | None = None):
+        """``tls``: (certificate chain PEM, key PEM): https on the port, not http."""
+        self.tls = tls
         self.base = Path(base)
         self.www = self.base / "www"
         self.prefix = self.base / "nginx"
@@ -315,7 +320,7 @@ class Nginx:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def access_log(self) -> Path:
@@ -348,7 +353,10 @@ class Nginx:
                 auth_map.append(f'        "{repo.repo_id}|" 401;')
                 auth_map.append(f'        "~^{repo.repo_id}\\|" 403;')
         user = "user root;" if os.geteuid() == 0 else ""
+        tls = (f" ssl;\n        ssl_certificate {self.tls[0]};\n        ssl_certificate_key {self.tls[1]}"
+               if self.tls else "")
         return NGINX_CONF.format(prefix=self.prefix, www=self.www, port=self.port, user=user,
+                                 tls=tls,
                                  workers=self.workers, branch_map="\n".join(branch_map),
                                  auth_map="\n".join(auth_map))
 

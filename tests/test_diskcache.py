@@ -8,15 +8,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tensorfs.diskcache import DiskCache
+from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"     # the cache's own directory in DIR (written out: the contract)
 BLOCK = 64 << 10
@@ -125,6 +128,130 @@ def test_a_symlinked_dir_is_refused_and_nothing_is_written_through_it(tmp_path):
         DiskCache(str(link), 1 << 20)
     assert str(link) in str(refused.value) and "symbolic link" in str(refused.value)
     assert (sorted(os.listdir(victim)), report.read_bytes()) == before
+
+
+# -- the whole way to DIR (ssh's StrictModes) ------------------------------------------------
+
+@pytest.fixture
+def shared(request):
+    """shared(mode) -> a root-owned directory every user can reach, of ``mode`` (1777: as
+    /tmp; 0777: writable by all and not sticky); removed at the end."""
+    made = []
+
+    def _make(mode: int) -> Path:
+        path = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+        path.chmod(mode)
+        made.append(path)
+        return path
+
+    yield _make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _tree(directory: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(directory)), p.lstat().st_mode) for p in directory.rglob("*"))
+
+
+@needs_users
+@pytest.mark.parametrize("mode", [0o1777, 0o777])
+@pytest.mark.parametrize("target", ["attacker", "nobody"])
+def test_a_link_another_user_planted_on_the_way_to_dir_is_never_followed(users, shared, mode,
+                                                                        target):
+    """``--disk-cache /shared/link/sub``, where another user made ``link`` (pointing to a
+    directory of theirs, or of nobody's): refused in one line naming the link; nothing is
+    created in the directory it points to."""
+    _, attacker = users
+    base = shared(mode)
+    theirs = base / "theirs"
+    assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+    if target == "nobody":
+        os.chown(theirs, 65534, 65534)
+    link = base / "link"
+    assert attacker.run("ln", "-s", theirs, link).returncode == 0
+    assert link.lstat().st_uid == attacker.uid
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(link / "sub"), 1 << 20)
+    message = str(refused.value)
+    assert "\n" not in message
+    if mode & stat.S_ISVTX:
+        assert f"{link} is a symbolic link of uid {attacker.uid}" in message
+    else:                           # the shared directory itself already lets them swap DIR
+        assert f"{base} (on the way to it)" in message and "not sticky" in message
+    assert os.listdir(theirs) == []
+
+
+@needs_users
+@pytest.mark.parametrize("mode", [0o1777, 0o777])
+def test_a_directory_another_user_owns_on_the_way_to_dir_is_refused(users, shared, mode):
+    """``/shared/theirs/mine``: the victim's own private DIR, inside a directory another user
+    owns (who can rename it away and put anything in its place)."""
+    _, attacker = users
+    theirs = shared(mode) / "theirs"
+    assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(theirs / "mine"), 1 << 20)
+    why = (f"{theirs} (on the way to it): it belongs to uid {attacker.uid}" if mode & stat.S_ISVTX
+           else f"{theirs.parent} (on the way to it): group or others can write it")
+    assert why in str(refused.value)
+    assert os.listdir(theirs) == []
+
+
+def test_a_dir_below_a_world_writable_directory_that_is_not_sticky_is_refused(shared):
+    """Under a 0777 directory anyone can rename the victim's own directory away and put a
+    link in its place; under a sticky one (/tmp) no one but its owner can."""
+    loose = shared(0o777)
+    (loose / "mine").mkdir(mode=0o700)
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(loose / "mine" / "cache"), 1 << 20)
+    assert f"{loose} (on the way to it)" in str(refused.value)
+    assert "not sticky" in str(refused.value)
+    assert os.listdir(loose / "mine") == []
+    sticky = shared(0o1777)
+    (sticky / "mine").mkdir(mode=0o700)
+    DiskCache(str(sticky / "mine" / "cache"), 1 << 20).close()
+
+
+def test_links_of_the_users_own_on_the_way_to_dir_are_followed(tmp_path):
+    """The rule refuses nothing a user's own links make: ``~/cache -> /data/me`` (absolute
+    and relative links, ``..`` in a link)."""
+    real = tmp_path / "data" / "me"
+    real.mkdir(parents=True)
+    (tmp_path / "abs").symlink_to(real)
+    (tmp_path / "rel").symlink_to("data/me")
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "back").symlink_to("../data")
+    for named in (tmp_path / "abs" / "c1", tmp_path / "rel" / "c2", tmp_path / "up/back/me/c3"):
+        cache = DiskCache(str(named), 1 << 20)
+        cache.put(KEY, 0, _block(0))
+        cache.close()
+    assert sorted(os.listdir(real)) == ["c1", "c2", "c3"]
+    assert all((real / c / ROOT).is_dir() for c in ("c1", "c2", "c3"))
+
+
+@needs_users
+def test_a_link_of_the_users_own_that_leads_up_into_another_users_directory_is_refused(
+        users, shared, tmp_path):
+    """``..`` in a link is checked where it leads: ``mine/up -> ../theirs``, ``theirs`` another
+    user's: refused naming it."""
+    _, attacker = users
+    base = shared(0o1777)
+    (base / "mine").mkdir(mode=0o700)
+    theirs = base / "theirs"
+    assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+    (base / "mine" / "up").symlink_to("../theirs")
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(base / "mine" / "up" / "cache"), 1 << 20)
+    assert f"{theirs} (on the way to it): it belongs to uid {attacker.uid}" in str(refused.value)
+    assert os.listdir(theirs) == []
+
+
+def test_a_loop_of_links_on_the_way_is_one_line(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(PermissionError) as refused:
+        DiskCache(str(tmp_path / "a" / "cache"), 1 << 20)
+    assert "symbolic links on the way" in str(refused.value)
 
 
 @pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o1777, 0o720])

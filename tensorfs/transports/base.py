@@ -26,7 +26,8 @@ LIBRARY_LOGGERS = ("botocore", "boto3", "s3fs", "aiobotocore", "fsspec", "aiohtt
 
 class FetchError(OSError):
     """One failed request.  ``kind``: not_found, denied, no_range, version, unreachable,
-    timeout, too_long, encoding, http, closing, not_a_file.  ``transient``: worth another
+    untrusted (the server's certificate), timeout, too_long, encoding, http, closing,
+    not_a_file.  ``transient``: worth another
     try."""
 
     def __init__(self, kind: str, message: str, *, status: int | None = None,

@@ -22,7 +22,8 @@ from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, display_url
 from tensorfs.transports.base import PROBE_BYTES, FetchError, Transport
 from tensorfs.transports.objects import (NO_RETRIES, client_options, get_exact, head, listing,
-                                         obstore, serve_here, store_spec, without_urls)
+                                         obstore, serve_here, store_problem, store_spec,
+                                         trusted_roots)
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 STORE = {"s3": "S3Store", "s3a": "S3Store", "gs": "GCSStore", "gcs": "GCSStore",
@@ -31,6 +32,10 @@ STORE = {"s3": "S3Store", "s3a": "S3Store", "gs": "GCSStore", "gcs": "GCSStore",
 S3FS_NAMES = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token",
               "endpoint_url": "endpoint", "region_name": "region", "anon": "skip_signature",
               "requester_pays": "request_payer"}
+# obstore's client options (ClientConfig) a user may give with --storage-option: the client's,
+# not the store's (the TLS trust of a private endpoint, a proxy)
+CLIENT_KEYS = ("root_certificate", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
+               "allow_invalid_certificates", "user_agent")
 
 
 class CloudTransport(Transport):
@@ -72,6 +77,8 @@ class CloudTransport(Transport):
         for key in ("headers",):
             if key in options:
                 extra_client["default_headers"] = options.pop(key)
+        extra_client.update(trusted_roots({k: options.pop(k) for k in CLIENT_KEYS if k in options},
+                                          display_url(self.url)))
         config = {}
         for key, value in options.items():
             key = S3FS_NAMES.get(key, key) if self.kind_name == "S3Store" else key
@@ -103,8 +110,7 @@ class CloudTransport(Transport):
             except FetchError:
                 raise
             except Exception as error:      # noqa: BLE001 - obstore's configuration errors
-                raise ModelError("remote_options", "cannot use this URL: "
-                                 f"{without_urls(str(error).split(chr(10), 1)[0])}",
+                raise ModelError("remote_options", f"cannot use this URL: {store_problem(error)}",
                                  file=display_url(self.url)) from None
             self._stores[bucket] = spec
         return spec

@@ -8,7 +8,9 @@ query only with the URL named (a pre-signed URL's signature), never with its sib
   URL requested has none); without one, ``~/.netrc`` (or ``$NETRC``) is read for the host,
   as curl's ``--netrc-optional`` and requests do.  reqwest drops ``Authorization`` on a
   redirect to another origin.  ``--storage-option headers={...}`` adds headers; any other
-  key is an obstore client option (``root_certificate``, ``proxy_url`` ...).
+  key is an obstore client option (``root_certificate``: a PEM file's path or its text,
+  ``proxy_url`` ...).  The certificates trusted are the system's, or SSL_CERT_FILE's and
+  SSL_CERT_DIR's, and ``root_certificate``'s (``tensorfs.transports.objects``, TLS trust).
 - An ``https://`` URL is read over https only: a redirect to ``http://`` is refused.
 - Pinning: the ETag of the first answer, sent as ``If-Match`` on every later read (a strong
   one) and compared with every answer's.
@@ -25,7 +27,7 @@ from tensorfs.errors import ModelError
 from tensorfs.location import display_url
 from tensorfs.transports.base import PROBE_BYTES, FetchError, Transport
 from tensorfs.transports.objects import (NO_RETRIES, client_options, get_exact, head, obstore,
-                                         serve_here, store_spec, without_urls)
+                                         serve_here, store_problem, store_spec, trusted_roots)
 
 log = logging.getLogger("tensorfs")
 
@@ -48,7 +50,7 @@ class HttpTransport(Transport):
         self._query = (display_url(self.url), parts.query)
         options = dict(self.settings.storage_options)
         self._headers = dict(options.pop("headers", None) or {})
-        self._extra = options
+        self._extra = trusted_roots(options, display_url(self.url))
         login = _userinfo(parts) or _netrc(parts.hostname)
         if login is not None and not any(k.lower() == "authorization" for k in self._headers):
             token = base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()
@@ -78,7 +80,7 @@ class HttpTransport(Transport):
             except FetchError:
                 raise
             except Exception as error:      # noqa: BLE001 - obstore's configuration errors
-                raise ModelError("remote_options", f"cannot use this URL: {_first_line(error)}",
+                raise ModelError("remote_options", f"cannot use this URL: {store_problem(error)}",
                                  file=display_url(self.url)) from None
             self._stores[url] = store
         return store
@@ -149,7 +151,3 @@ def _netrc(host: str | None) -> tuple[str, str] | None:
         return None
     login, _, password = entry
     return login or "", password or ""
-
-
-def _first_line(error: BaseException) -> str:
-    return without_urls(str(error).split("\n", 1)[0])

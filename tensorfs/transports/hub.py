@@ -22,7 +22,7 @@ from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, display_url
 from tensorfs.transports.base import FetchError, bounded, missing_extra
 from tensorfs.transports.http import HttpTransport
-from tensorfs.transports.objects import obstore
+from tensorfs.transports.objects import obstore, python_tls_problem, trusted_roots
 
 # The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
 # repository of 100,000 files: ~15 MiB of siblings); a server that sends more, or an endless
@@ -108,7 +108,7 @@ class HubTransport(HttpTransport):
         self.endpoint = (options.pop("endpoint", None)
                          or huggingface_hub.constants.ENDPOINT).rstrip("/")
         self._headers = dict(options.pop("headers", None) or {})
-        self._extra = options
+        self._extra = trusted_roots(options, display_url(self.url))
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
         self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=self.token or False)
@@ -177,7 +177,8 @@ class HubTransport(HttpTransport):
             raise
         except Exception as error:      # no network: httpx / requests connection errors
             raise ModelError("remote_unreachable", f"cannot connect to {self.endpoint}: "
-                             f"{type(error).__name__}", file=shown) from None
+                             f"{python_tls_problem(error) or type(error).__name__}",
+                             file=shown) from None
         sha = getattr(info, "sha", None)
         if not isinstance(sha, str) or not sha:
             raise ModelError("remote_error", f"{self.endpoint} named no commit for revision "
@@ -220,7 +221,8 @@ class HubTransport(HttpTransport):
             except ModelError:
                 raise
             except Exception as error:      # noqa: BLE001 - no network, a broken answer
-                raise ModelError("remote_error", f"listing failed: {type(error).__name__}",
+                raise ModelError("remote_error", "listing failed: "
+                                 f"{python_tls_problem(error) or type(error).__name__}",
                                  file=shown) from None
             if len(entries) > MAX_LISTING_ENTRIES:
                 raise ModelError("remote_error", f"listing: more than {MAX_LISTING_ENTRIES} "

@@ -59,6 +59,12 @@ def client_options(settings, *, allow_http: bool, headers: dict | None = None,
 
 NO_RETRIES = {"max_retries": 0}
 
+# python3 -m http.server answers every GET with the whole file: what does answer a range
+# (each one tried: nginx in the tests, npx http-server 14 by hand)
+NO_RANGE = ("the server ignores Range requests (it answered the whole file, as python3 -m "
+            "http.server does): tensorfs reads only byte ranges: serve the file with a server "
+            "that answers them, such as nginx or npx http-server")
+
 
 # -- where obstore runs ---------------------------------------------------------------------
 #
@@ -332,6 +338,7 @@ def _listing(spec, prefix, where) -> dict:
 
 _STATUS = re.compile(r"status code: (\d{3})")
 _OS_MESSAGE = re.compile(r'message: "([^"]*)"')
+_DNS_MESSAGE = re.compile(r'"dns error",\s*Custom\s*\{[^}]*?error:\s*"([^"]*)"')
 
 
 def classify(error: BaseException, hint_401: str = "", where: str = "",
@@ -356,17 +363,26 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
         return FetchError("version", "the object changed: it is no longer the version pinned "
                           "at mount (HTTP 412)", status=412)
     if isinstance(error, ox.NotSupportedError) and "Range" in text:
-        return FetchError("no_range", "the server ignores Range requests (it answered the "
-                          "whole file): tensorfs reads only byte ranges", status=200)
+        return FetchError("no_range", NO_RANGE, status=200)
     if status:
         return status_error(int(status.group(1)), hint_401)
     if "kind: Timeout" in text or "TimedOut" in text:
         return FetchError("timeout", timeout_text, transient=True)
+    if "InvalidCertificate(" in text:
+        return untrusted_certificate(text, where)
+    handshake = _TLS_FAILURE.search(re.sub(r"\s+", "", text))
+    if handshake:
+        to = f" to {where}" if where else ""
+        return FetchError("unreachable", f"cannot connect{to}: the TLS handshake failed (rustls: "
+                          f"{handshake.group(1)}({handshake.group(2)})): does the server speak "
+                          "https on this port?")
     if "kind: Connect" in text:
         why = _OS_MESSAGE.search(text)
+        dns = _DNS_MESSAGE.search(text)
         to = f" to {where}" if where else ""
-        return FetchError("unreachable", f"cannot connect{to}: "
-                          f"{why.group(1) if why else 'no connection'}", transient=True)
+        said = (why.group(1) if why else f"the host name does not resolve ({dns.group(1)})" if dns
+                else "no connection")
+        return FetchError("unreachable", f"cannot connect{to}: {said}", transient=True)
     if "Requested " in text and ", got " in text:
         return FetchError("http", "the server answered with other bytes than the range asked for "
                           "(its Content-Range)", transient=True)
@@ -382,6 +398,143 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
         return FetchError("http", "the connection broke during the answer", transient=True)
     first = text.split("\n", 1)[0]
     return FetchError("http", without_urls(first), transient=True)
+
+
+# -- TLS trust ------------------------------------------------------------------------------
+#
+# reqwest (rustls, rustls-platform-verifier) trusts what rustls-native-certs loads: the files
+# SSL_CERT_FILE and SSL_CERT_DIR name where either is set, else the system's store
+# (/etc/ssl/certs on Debian); ``root_certificate`` adds to those.  rustls (webpki) is stricter
+# than OpenSSL about the server's own certificate: it must be an X.509 v3 end-entity
+# certificate (not a CA's: ``openssl req -x509`` marks its certificate CA:TRUE) naming the host
+# in its subjectAltName (the CN is not read).
+
+MAX_CERTIFICATE_BYTES = 4 << 20         # a bundle of every public CA is ~200 KiB
+TRUST_WAYS = ("--storage-option root_certificate=PATH (the CA's PEM file), SSL_CERT_FILE=PATH "
+              "or SSL_CERT_DIR=DIR")
+
+
+# obstore's client options that take PEM text; tensorfs takes a PEM file's path there too
+PEM_OPTIONS = ("root_certificate", "proxy_ca_certificate")
+
+
+def trusted_roots(options: dict, shown: str) -> dict:
+    """``options`` with each of ``PEM_OPTIONS`` as PEM text: the option takes the PEM text
+    or, as curl's --cacert and requests' verify do, the path of a PEM file (read here, once,
+    by the command: the daemon that makes stores later runs elsewhere)."""
+    for key in PEM_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, str) and "-----BEGIN" not in value:
+            options = {**options, key: _pem_file(key, value, shown)}
+    return options
+
+
+def _pem_file(key: str, value: str, shown: str) -> str:
+    from tensorfs.errors import ModelError
+
+    path = os.path.expanduser(value)
+    try:
+        with open(path, "rb") as f:
+            if not os.path.isfile(path):
+                raise IsADirectoryError(f"{value} is not a file")
+            data = f.read(MAX_CERTIFICATE_BYTES + 1)
+    except OSError as error:
+        raise ModelError("remote_options", f"{key}={value}: neither PEM text nor a readable "
+                         f"file ({error.strerror or error})", file=shown) from None
+    if len(data) > MAX_CERTIFICATE_BYTES:
+        raise ModelError("remote_options", f"{key}={value}: larger than "
+                         f"{MAX_CERTIFICATE_BYTES >> 20} MiB, not a certificate file", file=shown)
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        der = (f": a DER file converts with openssl x509 -inform der -in {value} -out CA.pem"
+               if data[:1] == b"\x30" else "")
+        raise ModelError("remote_options", f"{key}={value}: holds no PEM certificate "
+                         f"(-----BEGIN CERTIFICATE-----){der}", file=shown)
+    return data.decode("ascii", errors="replace")
+
+
+_TLS_FAILURE = re.compile(r"(InvalidMessage|AlertReceived|PeerIncompatible|PeerMisbehaved)"
+                          r"\((\w+)")
+_RUSTLS_REASON = re.compile(r"InvalidCertificate\((?:Other\(OtherError\()?(\w+)")
+_PRESENTED = re.compile(r'(DnsName|IpAddress)\(\\*"([^"\\]+)')
+
+
+def untrusted_certificate(text: str, where: str) -> FetchError:
+    """The server's certificate was refused: what rustls says, why in words, and what to do
+    (not worth another try)."""
+    compact = re.sub(r"\s+", "", text)
+    found = _RUSTLS_REASON.search(compact)
+    reason = found.group(1) if found else "InvalidCertificate"
+    for suffix in ("Context",):
+        reason = reason.removesuffix(suffix)
+    to = f" to {where}" if where else ""
+    verdict = "not trusted" if reason == "UnknownIssuer" else "refused"
+    head = f"cannot connect{to}: the server's certificate is {verdict} (rustls: {reason})"
+    if reason == "UnknownIssuer":
+        why = f"no certificate authority trusted here signed it: trust its CA with {TRUST_WAYS}"
+        why += _unreadable_trust_paths()
+    elif reason == "CaUsedAsEndEntity":
+        why = ("it is a CA certificate serving as the server's own (openssl req -x509 makes one), "
+               "which rustls refuses even when trusted: make it with -addext "
+               "basicConstraints=critical,CA:FALSE, or make a CA and a server certificate it "
+               "signs, then trust that certificate or the CA with root_certificate=PATH "
+               "(docs/remote.md)")
+    elif reason == "UnsupportedCertVersion":
+        why = ("it is an X.509 v1 certificate, which rustls refuses: make a v3 one with a "
+               "subjectAltName (docs/remote.md)")
+    elif reason == "NotValidForName":
+        names = [f"{'DNS' if kind == 'DnsName' else 'IP'}:{name}"
+                 for kind, name in _PRESENTED.findall(compact.split("presented:", 1)[-1])]
+        why = (f"it is not for {where.rsplit(':', 1)[0] or 'this host'} "
+               f"(its subjectAltName: {', '.join(names) if names else 'none'}; rustls does not "
+               "read the CN): make one whose subjectAltName names the host")
+    elif reason == "Expired":
+        why = "it has expired"
+    elif reason == "NotValidYet":
+        why = "it is not valid yet (is this machine's clock right?)"
+    else:
+        why = f"trust its CA with {TRUST_WAYS}"
+    return FetchError("untrusted", f"{head}: {why}")
+
+
+def python_tls_problem(error: BaseException) -> str | None:
+    """What a certificate refused by Python's ssl (huggingface_hub's HTTP client) means, from
+    anywhere in ``error``'s chain, or None.  That client trusts the system's store or
+    SSL_CERT_FILE / SSL_CERT_DIR, not ``root_certificate``."""
+    import ssl
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ssl.SSLCertVerificationError):
+            why = error.verify_message or str(error)
+            return (f"the server's certificate is not trusted (OpenSSL: {why}): trust its CA "
+                    "with SSL_CERT_FILE=PATH or SSL_CERT_DIR=DIR, or in the system's store "
+                    "(the Hub's API requests do not read root_certificate)")
+        error = error.__cause__ or error.__context__ or (error.args[0] if error.args and
+                                                         isinstance(error.args[0], BaseException)
+                                                         else None)
+    return None
+
+
+def store_problem(error: BaseException) -> str:
+    """What obstore's refusal to make a store (a bad option, no certificates to trust) says,
+    in one line without URLs."""
+    text = str(error)
+    if "No CA certificates were loaded" in text:
+        return ("no certificate authority to trust could be loaded" + (_unreadable_trust_paths()
+                or " (none in the system's store)") + f": trust one with {TRUST_WAYS}")
+    return without_urls(text.split("\n", 1)[0])
+
+
+def _unreadable_trust_paths() -> str:
+    """SSL_CERT_FILE or SSL_CERT_DIR naming nothing readable (rustls-native-certs then loads
+    nothing from it, silently)."""
+    notes = []
+    for name, ok in (("SSL_CERT_FILE", os.path.isfile), ("SSL_CERT_DIR", os.path.isdir)):
+        value = os.environ.get(name)
+        if value and not (ok(value) and os.access(value, os.R_OK)):
+            notes.append(f"{name}={value} cannot be read")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def without_urls(text: str) -> str:

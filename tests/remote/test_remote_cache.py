@@ -89,6 +89,31 @@ def test_the_disk_cache_is_keyed_by_version(fresh_nginx, corpus, rmount, remote_
     assert_matches_reference(second, new.files)
 
 
+def test_a_disk_cache_over_a_server_without_etags_is_said_on_the_terminal_once(
+        nginx, corpus, remote_env, tmp_path):
+    """nginx with ``etag off``: the mount serves the model, and its stderr says, in one
+    warning line, that --disk-cache keeps nothing of it (not only the daemon's log)."""
+    model = corpus.models["sharded"]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_tensorfs("mount", f"{nginx.url}/noetag/sharded/{model.entry}", mnt,
+                          "--disk-cache", tmp_path / "cache", env=remote_env)
+    assert result.returncode == 0, result.stderr
+    try:
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tensorfs: warning: "), result.stderr
+        assert "no version (ETag)" in lines[0] and "--disk-cache keeps none" in lines[0], lines[0]
+        assert_matches_reference(mnt, model.files)
+    finally:
+        _unmount(mnt, remote_env)
+    with_etags = tmp_path / "mnt2"
+    with_etags.mkdir()
+    result = run_tensorfs("mount", f"{nginx.url}/files/sharded/{model.entry}", with_etags,
+                          "--disk-cache", tmp_path / "cache", env=remote_env)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    _unmount(with_etags, remote_env)
+
+
 def test_the_disk_cache_stays_within_its_size(nginx, corpus, rmount, tmp_path):
     cache = tmp_path / "cache"
     mnt = rmount(f"{nginx.url}/files/big/big.safetensors", "--disk-cache", f"{cache}:9M")
@@ -182,6 +207,31 @@ def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, ngi
         assert "symbolic link" in result.stderr
         assert fuse_mounts_under(mnt) == []
         assert (_snapshot(files), sorted(os.listdir(documents))) == before
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_users
+def test_a_disk_cache_below_another_users_link_is_refused(users, nginx, remote_env, tmp_path):
+    """``--disk-cache /shared/link/sub`` where another user's ``link`` points into a
+    directory of theirs: the mount is refused in one line naming the link, and nothing is
+    created where it points (the parent chain, not only DIR's last component)."""
+    _, attacker = users
+    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+    try:
+        shared.chmod(0o1777)
+        theirs = shared / "theirs"
+        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+        link = shared / "link"
+        assert attacker.run("ln", "-s", theirs, link).returncode == 0
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        result = run_tensorfs("mount", f"{nginx.url}/files/big/big.safetensors", mnt,
+                              "--disk-cache", f"{link}/sub:5M", env=remote_env)
+        assert result.returncode == 1, result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
+        assert fuse_mounts_under(mnt) == [] and os.listdir(theirs) == []
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 

@@ -39,6 +39,8 @@ def _refusals(nginx):
         ("http-403", f"{nginx.url}/forbidden/model.gguf", {}, ["access denied", "403"]),
         ("http-no-range", f"{nginx.url}/norange/mixed/mixed.gguf", {}, ["Range"]),
         ("http-unreachable", f"http://127.0.0.1:{closed}/model.gguf", {}, ["cannot connect"]),
+        ("http-no-such-host", "http://no-such-host.invalid/model.gguf", {},
+         ["cannot connect", "does not resolve"]),
         ("hf-gated-no-token", "hf://tfs/gated/model.safetensors", {}, ["401", "HF_TOKEN"]),
         ("hf-gated-wrong-token", "hf://tfs/gated/model.safetensors",
          {"HF_TOKEN": "hf_wrongTOKENnotgranted42"}, ["403"]),
@@ -73,6 +75,30 @@ def test_a_refused_url_is_one_line_saying_which(case, nginx, s3, remote_env, tmp
         for secret in (HF_TOKEN, env.get("HF_TOKEN", HF_TOKEN)):
             assert secret not in result.stderr
     assert fuse_mounts_under(tmp_path) == [] and os.listdir(mnt) == []
+
+
+def test_python_http_server_is_refused_naming_servers_that_answer_ranges(corpus, tmp_path):
+    """The server everyone tries first: a real ``python3 -m http.server`` started here.  The
+    one line says what it does wrong and names servers that work (nginx: the suite's own)."""
+    import sys
+
+    from tests.servers import wait_port
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", str(port)],
+                              cwd=corpus.models["safetensors"].folder, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, server)
+        result = run_tensorfs("inspect", f"http://127.0.0.1:{port}/model.safetensors")
+    finally:
+        server.terminate()
+        server.wait()
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tensorfs: error: "), result.stderr
+    assert "ignores Range requests" in lines[0] and "nginx" in lines[0], lines[0]
+    assert "npx http-server" in lines[0], lines[0]
 
 
 def test_a_gated_repo_mounts_with_its_token(rmount, corpus):
