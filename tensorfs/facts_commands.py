@@ -37,6 +37,8 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     stats.add_argument("tensors", metavar="TENSOR", nargs="*",
                        help="only these tensors (by name)")
     stats.add_argument("--json", action="store_true", help="one JSON document")
+    stats.add_argument("--tsv", action="store_true",
+                       help="tab-separated rows even on a terminal (the form on a pipe)")
     stats.add_argument("--plot", metavar="FILE",
                        help="also draw each tensor's absmax and std into FILE (a PNG; needs "
                        "tensorfs-fuse[plot])")
@@ -51,6 +53,8 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     diff.add_argument("a", metavar="A", help="the first model (the reference of nmse)")
     diff.add_argument("b", metavar="B", help="the second model")
     diff.add_argument("--json", action="store_true", help="one JSON document")
+    diff.add_argument("--tsv", action="store_true",
+                      help="tab-separated rows even on a terminal (the form on a pipe)")
     diff.add_argument("--plot", metavar="FILE",
                       help="also draw the nmse of each tensor per layer into FILE (a PNG; "
                       "needs tensorfs-fuse[plot])")
