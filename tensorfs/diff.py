@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (NUMBER_WIDTH, PIECE_ELEMENTS, Piece, Progress, Scratch, Table,
-                            cpu_count, fmt, json_number, lcm, ldexp_or_inf, open_model,
-                            read_into, run_ordered, scale_down, scale_of, shown_name, source_of,
-                            stored_order, tasks_of, values_of, wants_aligned)
+from tensorfs.facts import (NUMBER_WIDTH, PIECE_ELEMENTS, ZERO_SCALE, Piece, Progress, Scratch,
+                            Table, cpu_count, fmt, json_number, lcm, ldexp_or_inf, open_model,
+                            read_into, run_ordered, scale_down, scale_of, shown_name,
+                            source_of, stored_order, tasks_of, values_of, wants_aligned)
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",
             "shape_differs", "only_in_a", "only_in_b")
@@ -49,7 +49,7 @@ class Sums:
     saa: float = 0.0
     sbb: float = 0.0
     sab: float = 0.0
-    scale: int = 0
+    scale: int = ZERO_SCALE
     max_abs: float = 0.0        # not scaled
     bytes_equal: bool = True
 

@@ -282,10 +282,15 @@ def ldexp_or_inf(x: float, e: int) -> float:
         return math.copysign(math.inf, x)
 
 
+# The scale of values that are all zero: below every float64's exponent (a subnormal's is
+# -1073 at least), so that merging with any other scale keeps the other.
+ZERO_SCALE = -1100
+
+
 def scale_of(absmax: float) -> int:
     """The power of two at least ``absmax`` (finite, >= 0): values divided by it are within
     [-1, 1], their squares and sums of a piece's squares far from overflow and underflow."""
-    return math.frexp(absmax)[1] if absmax > 0 else 0
+    return math.frexp(absmax)[1] if absmax > 0 else ZERO_SCALE
 
 
 def scale_down(x: np.ndarray, scale: int) -> None:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (NUMBER_WIDTH, Progress, Scratch, Table, cpu_count, cut, fmt,
-                            json_number, ldexp_or_inf, no_tensor_named, open_model, read_into,
-                            run_ordered, scale_down, scale_of, shown_name, source_of,
-                            stored_order, tasks_of, values_of, wants_aligned)
+from tensorfs.facts import (NUMBER_WIDTH, ZERO_SCALE, Progress, Scratch, Table, cpu_count, cut,
+                            fmt, json_number, ldexp_or_inf, no_tensor_named, open_model,
+                            read_into, run_ordered, scale_down, scale_of, shown_name,
+                            source_of, stored_order, tasks_of, values_of, wants_aligned)
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Moments:
     finite: int = 0         # what min ... absmax are over
     min: float = math.inf
     max: float = -math.inf
-    scale: int = 0          # the power of two the next two are scaled by
+    scale: int = ZERO_SCALE     # the power of two the next two are scaled by
     mean_s: float = 0.0     # mean / 2**scale
     m2_s: float = 0.0       # (sum of squared deviations from the mean) / 4**scale
 
