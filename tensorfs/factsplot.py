@@ -115,8 +115,9 @@ def plot_stats(results, model: str, path: str) -> None:
     plt.close(fig)
 
 
-def plot_diff(results, a: str, b: str, path: str) -> None:
-    """nmse per tensor (module docstring); nothing comparable: no file and one note."""
+def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None:
+    """nmse per tensor (module docstring); nothing comparable: no file and one note.
+    Where each tensor was drawn: panel ("top": inf/NaN, "main", "zero") -> names."""
     compared = [d for d in results if d.sums is not None and d.nmse is not None]
     counts: dict[str, int] = {}
     for d in results:
@@ -125,7 +126,7 @@ def plot_diff(results, a: str, b: str, path: str) -> None:
     if not compared:
         note(f"{printable(path)}: not drawn: no tensor of A and B has values to compare "
              f"({summary})")
-        return
+        return None
     plt = _pyplot()
 
     # x: a layer's tensors around its number, each kind at its own offset (so that no
@@ -171,6 +172,9 @@ def plot_diff(results, a: str, b: str, path: str) -> None:
             return "zero", 0
         return "main", v
 
+    drawn: dict[str, list[str]] = {}
+    for _, v, _, name in placed:
+        drawn.setdefault(y_of(v)[0], []).append(name)
     handles = {}
     crowded = len(placed) > _CROWDED     # lines would hide the points: points only
     for k in list(range(len(kinds))) + [None]:
@@ -254,6 +258,7 @@ def plot_diff(results, a: str, b: str, path: str) -> None:
                          title_fontsize=8)
     _save(fig, path)
     plt.close(fig)
+    return drawn
 
 
 def _count(n: int, noun: str) -> str:
