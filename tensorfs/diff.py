@@ -219,8 +219,10 @@ def model_diff(a, b, workers: int | None = None, progress: Progress | None = Non
             if results[index].status == "raw":
                 out.append((piece, Sums(bytes_equal=equal), ra.nbytes + rb.nbytes))
                 continue
-            xa = va.of(ra, scratch.get("fa", piece.count, np.float32))[:piece.count]
-            xb = xa if equal else vb.of(rb, scratch.get("fb", piece.count, np.float32))[:piece.count]
+            with np.errstate(all="ignore"):     # a conversion's Inf/NaN is measured, not warned
+                xa = va.of(ra, scratch.get("fa", piece.count, np.float32))[:piece.count]
+                xb = xa if equal else \
+                    vb.of(rb, scratch.get("fb", piece.count, np.float32))[:piece.count]
             out.append((piece, _sums(xa, xb, scratch, equal), ra.nbytes + rb.nbytes))
         return out
 

@@ -190,7 +190,8 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
             t, v = tensors[piece.index], how[piece.index]
             raw = scratch.get("raw", piece.nbytes, np.uint8)
             read_into(source_of(opened, t), t.offset + piece.start, memoryview(raw))
-            values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
+            with np.errstate(all="ignore"):     # a conversion's Inf/NaN is counted, not warned
+                values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
             out.append((piece, moments(values, scratch)))
         return out
 
