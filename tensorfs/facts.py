@@ -169,52 +169,97 @@ def read_text_input(path: str, what: str, limit: int) -> str:
         raise FactsError(f"{shown}: line {line_no} of the {what} is not UTF-8 text") from None
 
 
-def output_problem(path: str, what: str = "output") -> str | None:
-    """Why ``path`` cannot be an output file, or None: it is written as a new file renamed
-    over the name, so what is there must be nothing or a regular file, never a link (that
-    another user may have planted to make us write elsewhere)."""
+def _others_link(directory: str) -> str | None:
+    """The first symbolic link on the way to ``directory`` that someone other than this
+    user or root owns, or None: such a link can be pointed anywhere by its owner, so a
+    file made below it would land where they chose (as ssh's StrictModes reasons)."""
+    me = os.geteuid()
+    current = os.sep
+    for part in os.path.abspath(directory).split(os.sep):
+        if not part:
+            continue
+        current = os.path.join(current, part)
+        try:
+            st = os.lstat(current)
+        except OSError:
+            return None             # said when the directory is opened
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
+            return f"{current} is a symbolic link of another user's (uid {st.st_uid})"
+    return None
+
+
+def _open_output_directory(path: str, what: str) -> tuple[int, str]:
+    """(a descriptor of the directory ``path`` is in, its last component), after the
+    checks ``output_problem`` describes; the file is then made and renamed relative to the
+    descriptor, so the directory cannot be swapped between the checks and the writing."""
     from tensorfs.errors import printable
 
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as error:
-        return f"{printable(path)}: cannot write the {what}: {error.strerror or error}"
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        if stat.S_ISLNK(st.st_mode):
-            return (f"{printable(path)}: cannot write the {what}: it is a symbolic link, "
-                    f"never written through (name the file itself)")
-        return (f"{printable(path)}: cannot write the {what}: it is {_kind(st.st_mode)}, "
-                f"not a regular file")
+    shown = printable(path)
     directory = os.path.dirname(path) or "."
-    if not os.path.isdir(directory):
-        return (f"{printable(path)}: cannot write the {what}: no directory "
-                f"{printable(directory)}")
+    base = os.path.basename(path)
+    if not base or base in (".", ".."):
+        raise FactsError(f"{shown}: cannot write the {what}: not a file name")
+    link = _others_link(directory)
+    if link is not None:
+        raise FactsError(f"{shown}: cannot write the {what}: {printable(link)}")
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FactsError(f"{shown}: cannot write the {what}: no directory "
+                         f"{printable(directory)}") from None
+    except OSError as error:
+        raise FactsError(f"{shown}: cannot write the {what}: "
+                         f"{error.strerror or error}") from None
+    try:
+        st = os.stat(base, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return fd, base
+    except OSError as error:
+        os.close(fd)
+        raise FactsError(f"{shown}: cannot write the {what}: "
+                         f"{error.strerror or error}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise FactsError(f"{shown}: cannot write the {what}: it is a symbolic link, "
+                             f"never written through (name the file itself)")
+        raise FactsError(f"{shown}: cannot write the {what}: it is {_kind(st.st_mode)}, "
+                         f"not a regular file")
+    return fd, base
+
+
+def output_problem(path: str, what: str = "output") -> str | None:
+    """Why ``path`` cannot be an output file, or None.  It is written as a new file in its
+    directory renamed over the name (``write_output``), so: its directory exists and is
+    reached through no symbolic link that another user owns, and what is at the name is
+    nothing or a regular file, never a link (that another user may have planted to make
+    us write elsewhere), a directory, a FIFO or a device."""
+    try:
+        fd, _ = _open_output_directory(path, what)
+    except FactsError as error:
+        return str(error)
+    os.close(fd)
     return None
 
 
 def write_output(path: str, write: Callable, what: str = "output") -> None:
     """``write(f)`` into a new file (``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600 while written)
-    in the directory of ``path``, then renamed over ``path``: nothing is ever written
-    through a link or into a file someone else opened or planted; the final mode is 0666
-    less the umask, as any new file's.  A problem is one ``FactsError`` line."""
+    in the directory of ``path``, then renamed over ``path`` (both relative to one
+    descriptor of the directory): nothing is ever written through a link or into a file
+    someone else planted or holds open; the final mode is 0666 less the umask, as any new
+    file's.  A problem is one ``FactsError`` line."""
     from tensorfs.errors import printable
 
-    problem = output_problem(path, what)
-    if problem is not None:
-        raise FactsError(problem)
-    directory = os.path.dirname(path) or "."
-    base = os.path.basename(path)
+    fd_dir, base = _open_output_directory(path, what)
     umask = os.umask(0)
     os.umask(umask)
     temp = None
     try:
         for _ in range(100):
-            candidate = os.path.join(directory, f".{base}.{os.urandom(6).hex()}.tmp")
+            candidate = f".{base}.{os.urandom(6).hex()}.tmp"
             try:
                 fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
+                             | os.O_CLOEXEC, 0o600, dir_fd=fd_dir)
             except FileExistsError:
                 continue
             temp = candidate
@@ -226,7 +271,7 @@ def write_output(path: str, write: Callable, what: str = "output") -> None:
             write(f)
             f.flush()
             os.fchmod(f.fileno(), 0o666 & ~umask)
-        os.rename(temp, path)
+        os.rename(temp, base, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
         temp = None
     except OSError as error:
         raise FactsError(f"{printable(path)}: cannot write the {what}: "
@@ -234,9 +279,10 @@ def write_output(path: str, write: Callable, what: str = "output") -> None:
     finally:
         if temp is not None:
             try:
-                os.unlink(temp)
+                os.unlink(temp, dir_fd=fd_dir)
             except OSError:
                 pass
+        os.close(fd_dir)
 
 
 # -- values ---------------------------------------------------------------------------------

@@ -168,6 +168,15 @@ def test_a_link_another_user_planted_in_a_shared_directory_is_never_written_thro
             assert result.stdout == ""
             assert secret.read_bytes() == b"root's own\n"
             assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+        # a directory link of the attacker's on the way: root's file below it stays
+        (private / "plot.png").write_bytes(b"root's plot\n")
+        planted = attacker.run("ln", "-s", str(private), str(shared / "dir"))
+        assert planted.returncode == 0, planted.stderr
+        result = run_tensorfs("stats", a, "--plot", shared / "dir" / "plot.png")
+        line = one_error_line(result, 1)
+        assert f"{shared}/dir is a symbolic link of another user's" in line, line
+        assert (private / "plot.png").read_bytes() == b"root's plot\n"
+        attacker.run("rm", "-f", str(shared / "dir"))
         # a regular file of the attacker's, with a second name the attacker keeps
         attacker.run("rm", "-f", str(shared / "plot.png"))
         made = attacker.run("sh", "-c", f"echo mine > {shared}/plot.png && "
