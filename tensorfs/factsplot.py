@@ -78,41 +78,70 @@ def _style(k: int, cmap) -> dict:
     return {"color": cmap(k % 10), "marker": _MARKERS[(k // 10) % len(_MARKERS)]}
 
 
-def plot_stats(results, model: str, path: str) -> None:
+def plot_stats(results, model: str, path: str) -> dict[str, list[str]] | None:
+    """absmax and std per tensor on a log axis; a value 0 (an all-zero tensor's absmax, a
+    constant one's std) on a band of its own below, never at a made-up height.  Where
+    each tensor's std was drawn: "main" or "zero" -> names."""
     rows = [(s.name, s.moments.as_dict()) for s in results
             if s.moments is not None and s.moments.finite > 0]
     if not rows:
         note(f"{printable(path)}: not drawn: no tensor has finite values to plot")
-        return
+        return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(12, 5.5))
     xs = list(range(len(rows)))
-    absmax = [d["absmax"] if d["absmax"] else math.nan for _, d in rows]
-    std = [d["std"] if d["std"] else math.nan for _, d in rows]
-    ax.plot(xs, absmax, ".", color="tab:red", label="absmax", markersize=5)
-    ax.plot(xs, std, ".", color="tab:blue", label="std", markersize=5)
+    absmax = [d["absmax"] for _, d in rows]
+    std = [d["std"] for _, d in rows]
+    zero = any(v == 0 for v in absmax + std)
+    positive = any(v > 0 for v in absmax + std)
+    panels = (["main"] if positive else []) + (["zero"] if zero else [])
+    ratios = {"main": 6, "zero": 0.75}
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(12, 1.5 + sum(ratios[p] for p in panels) * 0.75),
+                             gridspec_kw={"height_ratios": [ratios[p] for p in panels],
+                                          "hspace": 0.08})
+    ax = {p: axes[i][0] for i, p in enumerate(panels)}
+    drawn: dict[str, list[str]] = {}
+    # on the 0 band absmax a little above std, so that neither hides the other
+    for values, color, label, band_y in ((absmax, "tab:red", "absmax", 0.2),
+                                         (std, "tab:blue", "std", -0.2)):
+        for panel in panels:
+            here = [i for i in xs if (values[i] == 0) == (panel == "zero")]
+            if here:
+                ax[panel].plot(here, [values[i] if panel == "main" else band_y for i in here],
+                               ".", color=color, label=label, markersize=5)
+        if label == "std":
+            for i in xs:
+                drawn.setdefault("zero" if std[i] == 0 else "main", []).append(rows[i][0])
     bad = [i for i, (_, d) in enumerate(rows) if d["nan"] or d["posinf"] or d["neginf"]]
-    if bad:
-        ax.plot(bad, [absmax[i] if not math.isnan(absmax[i]) else 1 for i in bad], "x",
-                color="black", markersize=9, label="has NaN/Inf")
-    dead = [i for i, (_, d) in enumerate(rows) if d["std"] == 0]
-    if dead:
-        ax.plot(dead, [absmax[i] if absmax[i] and not math.isnan(absmax[i]) else 1 for i in dead],
-                "s", mfc="none", color="tab:gray", markersize=8, label="constant (std 0)")
-    if any(v > 0 for v in absmax + std if not math.isnan(v)):
-        ax.set_yscale("log")
-    top = sorted((i for i in xs if not math.isnan(absmax[i])), key=lambda i: -absmax[i])[:5]
-    ax.set_xlabel("tensor (stored order)")
-    ax.set_ylabel("value (log scale)")
-    ax.set_title(f"tensorfs stats: {_short(model)} — {len(rows)} tensors")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    if top:
-        fig.text(0.01, -0.02, "largest absmax: " + ",  ".join(
-            f"#{i} {_short(rows[i][0], 40)} ({absmax[i]:.3g})" for i in top),
-            fontsize=8, ha="left", va="top")
+    for panel in panels:
+        here = [i for i in bad if (absmax[i] == 0) == (panel == "zero")]
+        if here:
+            ax[panel].plot(here, [absmax[i] if panel == "main" else 0.2 for i in here], "x",
+                           color="black", markersize=9, label="has NaN/Inf")
+    if "main" in ax:
+        ax["main"].set_yscale("log")
+        ax["main"].set_ylabel("value (log scale)")
+        ax["main"].grid(True, which="major", alpha=0.3)
+    if "zero" in ax:
+        band = ax["zero"]
+        band.set_ylim(-0.6, 0.6)
+        band.set_yticks([0], ["0"])
+        band.set_facecolor("#f0f5ff")
+        band.grid(True, axis="x", alpha=0.3)
+    bottom = ax[panels[-1]]
+    top = sorted(xs, key=lambda i: -absmax[i])[:5]
+    bottom.set_xlabel("tensor (stored order)\nlargest absmax: " + ",  ".join(
+        f"#{i} {_short(rows[i][0], 40)} ({absmax[i]:.3g})" for i in top), fontsize=9)
+    ax[panels[0]].set_title(f"tensorfs stats: {_short(model)} — {_count(len(rows), 'tensor')}")
+    handles: dict = {}
+    for panel in panels:
+        for h, label in zip(*ax[panel].get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    ax[panels[0]].legend(list(handles.values()), list(handles), loc="upper left",
+                         bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     _save(fig, path)
     plt.close(fig)
+    return drawn
 
 
 def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None:
