@@ -333,10 +333,22 @@ def ldexp_or_inf(x: float, e: int) -> float:
 ZERO_SCALE = -1100
 
 
+# Values whose largest |value| lies within 2**±SAFE_EXPONENT need no scaling: their squares
+# and the sums of a piece's squares (2**20 values at most) are far from float64's range,
+# and a value too small to count beside the largest one underflows harmlessly.  Scale 0
+# then, which skips a pass over the piece (the usual case: weights are near 1).
+SAFE_EXPONENT = 300
+
+
 def scale_of(absmax: float) -> int:
-    """The power of two at least ``absmax`` (finite, >= 0): values divided by it are within
-    [-1, 1], their squares and sums of a piece's squares far from overflow and underflow."""
-    return math.frexp(absmax)[1] if absmax > 0 else ZERO_SCALE
+    """The power of two a piece's values are divided by (``absmax``: their largest |value|,
+    finite): 0 within the safe range, else the power of two at least ``absmax``, so that
+    the values divided are within [-1, 1] and their squares' sums far from overflow and
+    underflow."""
+    if absmax == 0:
+        return ZERO_SCALE
+    exponent = math.frexp(absmax)[1]
+    return 0 if -SAFE_EXPONENT <= exponent <= SAFE_EXPONENT else exponent
 
 
 def scale_down(x: np.ndarray, scale: int) -> None:
