@@ -284,7 +284,7 @@ def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None
     ax[panels[0]].legend(list(handles.values()), list(handles.keys()), loc="upper left",
                          bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
                          ncol=1 if len(handles) <= 24 else 2, title="kind of tensor",
-                         title_fontsize=8)
+                         title_fontsize=8, markerscale=2 if crowded else 1)
     _save(fig, path)
     plt.close(fig)
     return drawn
