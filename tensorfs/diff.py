@@ -41,9 +41,10 @@ STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_
 @dataclass
 class Sums:
     """What the measures are made of, added up piece by piece.  The four sums are kept
-    divided by ``4**scale``, ``2**scale`` at least every finite |value| seen, so that they
-    neither overflow nor underflow for any finite input; the measures are their ratios,
-    where the scale cancels."""
+    divided by ``4**scale`` (``tensorfs.facts.scale_of``: 0 for values within 2**±300, else
+    a power of two at least the largest |value|), so that they neither overflow nor
+    underflow for any finite input; the measures are their ratios, where the scale
+    cancels."""
 
     sse: float = 0.0
     saa: float = 0.0
@@ -147,7 +148,7 @@ def _piece_sums(a: np.ndarray, b: np.ndarray, scratch: Scratch, bytes_equal: boo
     s.saa = float(np.dot(wa, wa))
     s.sbb = float(np.dot(wb, wb))
     s.sab = float(np.dot(wa, wb))
-    np.subtract(wb, wa, out=wb)         # |b - a| <= 2 once scaled: no overflow
+    np.subtract(wb, wa, out=wb)         # |b - a| <= 2**301 once scaled: no overflow
     s.sse = float(np.dot(wb, wb))
     s.max_abs = ldexp_or_inf(_largest(wb), s.scale)
     return s

@@ -29,9 +29,10 @@ from tensorfs.facts import (NUMBER_WIDTH, ZERO_SCALE, Progress, Scratch, Table, 
 @dataclass
 class Moments:
     """A tensor's counts and moments so far.  The mean and the sum of squared deviations
-    are kept scaled by a power of two, ``2**scale`` at least the largest finite |value|
-    seen: so they neither overflow (values near 1e308, whose squares are past float64) nor
-    underflow (values near 1e-300, whose squares are 0) for any finite input."""
+    are kept divided by ``2**scale`` (``tensorfs.facts.scale_of``: 0 for values within
+    2**±300, else a power of two at least the largest |value|), so that they neither
+    overflow (values near 1e308, whose squares are past float64) nor underflow (values
+    near 1e-300, whose squares are 0) for any finite input."""
 
     count: int = 0          # every element
     nan: int = 0
@@ -77,7 +78,7 @@ class Moments:
         m2_a = math.ldexp(self.m2_s, 2 * (self.scale - scale))
         m2_b = math.ldexp(other.m2_s, 2 * (other.scale - scale))
         n = self.finite + other.finite
-        delta = mean_b - mean_a                     # |delta| <= 2: no overflow
+        delta = mean_b - mean_a             # |delta| <= 2**301: its square is finite
         self.mean_s = mean_a + delta * other.finite / n
         self.m2_s = m2_a + m2_b + delta * delta * (self.finite * other.finite / n)
         self.scale = scale
@@ -97,7 +98,7 @@ class Moments:
 
 def moments(x: np.ndarray, scratch: Scratch) -> Moments:
     """The moments of one piece of values (any numeric dtype), accumulated in float64,
-    scaled by the piece's largest |value| (``Moments``)."""
+    scaled as its largest |value| asks (``Moments``)."""
     with np.errstate(all="ignore"):         # NaN/Inf are counted, never warned about
         return _moments(x, scratch)
 
