@@ -1,4 +1,4 @@
-"""What ``tensorfs hash``, ``stats`` and ``diff`` share (SPEC §12, docs/facts.md): the model
+"""What ``tensorfs hash``, ``stats`` and ``diff`` share (docs/facts.md): the model
 opened as a mount opens it, its tensors in stored order, each tensor read once in bounded
 pieces, the pieces worked on by every core, a progress bar on a terminal.
 

@@ -1,4 +1,4 @@
-"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (SPEC §12, docs/cli.md), and
+"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (docs/cli.md), and
 their exit statuses: ``hash`` and ``stats`` exit 1 on any failure, ``diff`` 2 (0 and 1 say
 whether the models differ, as diff(1)'s do).  ``tensorfs.cli`` registers them here, so that
 it imports none of their work (numpy) for its other commands."""

@@ -1,4 +1,4 @@
-"""``tensorfs diff`` (SPEC §12) against numpy over the oracles' values: a Q4_K model against
+"""``tensorfs diff`` against numpy over the oracles' values: a Q4_K model against
 its F16, every type against another draw of itself, every status, exit codes like diff(1)'s,
 pieces and threads, --plot."""
 

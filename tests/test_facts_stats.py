@@ -1,4 +1,4 @@
-"""``tensorfs stats`` (SPEC §12) against numpy over the oracles' values (gguf.quants.dequantize,
+"""``tensorfs stats`` against numpy over the oracles' values (gguf.quants.dequantize,
 the project's references, ml_dtypes, the written arrays): every type, NaN/Inf/zeros, pieces
 and threads, the table, tensor selection, --plot."""
 
