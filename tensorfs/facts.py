@@ -228,6 +228,21 @@ def _open_output_directory(path: str, what: str) -> tuple[int, str]:
     return fd, base
 
 
+def _umask() -> int:
+    """The process's umask, read where Linux states it (setting it to learn it would change
+    it for every thread meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def output_problem(path: str, what: str = "output") -> str | None:
     """Why ``path`` cannot be an output file, or None.  It is written as a new file in its
     directory renamed over the name (``write_output``), so: its directory exists and is
@@ -251,8 +266,7 @@ def write_output(path: str, write: Callable, what: str = "output") -> None:
     from tensorfs.errors import printable
 
     fd_dir, base = _open_output_directory(path, what)
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     temp = None
     try:
         for _ in range(100):
