@@ -1,4 +1,4 @@
-"""``tensorfs diff A B`` (SPEC §12, docs/facts.md): what differs between two models, tensor
+"""``tensorfs diff A B`` (docs/facts.md): what differs between two models, tensor
 by tensor name.
 
 Each name is one of:
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (PIECE_ELEMENTS, Piece, Progress, Scratch, cpu_count, fmt,
-                            json_number, lcm, open_model, read_into, run_ordered, shown_name,
-                            source_of, stored_order, tasks_of, values_of)
+from tensorfs.facts import (NUMBER_WIDTH, PIECE_ELEMENTS, ZERO_SCALE, Piece, Progress, Scratch,
+                            Table, cpu_count, fmt, json_number, lcm, ldexp_or_inf, open_model,
+                            read_into, run_ordered, scale_down, scale_of, shown_name,
+                            source_of, stored_order, tasks_of, values_of, wants_aligned)
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",
             "shape_differs", "only_in_a", "only_in_b")
@@ -39,20 +40,28 @@ STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_
 
 @dataclass
 class Sums:
-    """What the measures are made of, added up piece by piece."""
+    """What the measures are made of, added up piece by piece.  The four sums are kept
+    divided by ``4**scale`` (``tensorfs.facts.scale_of``: 0 for values within 2**±300, else
+    a power of two at least the largest |value|), so that they neither overflow nor
+    underflow for any finite input; the measures are their ratios, where the scale
+    cancels."""
 
     sse: float = 0.0
     saa: float = 0.0
     sbb: float = 0.0
     sab: float = 0.0
-    max_abs: float = 0.0
+    scale: int = ZERO_SCALE
+    max_abs: float = 0.0        # not scaled
     bytes_equal: bool = True
 
     def merge(self, o: "Sums") -> None:
-        self.sse += o.sse
-        self.saa += o.saa
-        self.sbb += o.sbb
-        self.sab += o.sab
+        scale = max(self.scale, o.scale)
+        mine, theirs = 2 * (self.scale - scale), 2 * (o.scale - scale)
+        self.sse = math.ldexp(self.sse, mine) + math.ldexp(o.sse, theirs)
+        self.saa = math.ldexp(self.saa, mine) + math.ldexp(o.saa, theirs)
+        self.sbb = math.ldexp(self.sbb, mine) + math.ldexp(o.sbb, theirs)
+        self.sab = math.ldexp(self.sab, mine) + math.ldexp(o.sab, theirs)
+        self.scale = scale
         # NaN wins, as it does within a piece
         self.max_abs = o.max_abs if math.isnan(o.max_abs) else \
             self.max_abs if math.isnan(self.max_abs) else max(self.max_abs, o.max_abs)
@@ -86,7 +95,10 @@ class TensorDiff:
         if s is None:
             return None
         norm = math.sqrt(s.saa) * math.sqrt(s.sbb)
-        return s.sab / norm if norm > 0 else math.nan
+        if not norm > 0:
+            return math.nan
+        # within [-1, 1] as a cosine is (rounding can step out by an ulp)
+        return max(-1.0, min(1.0, s.sab / norm)) if math.isfinite(s.sab) else s.sab / norm
 
     def as_dict(self) -> dict:
         d: dict = {"name": self.name, "status": self.status}
@@ -101,26 +113,44 @@ class TensorDiff:
 
 def _sums(a: np.ndarray, b: np.ndarray, scratch: Scratch, bytes_equal: bool) -> Sums:
     """The sums of one piece; ``a`` and ``b`` the same number of values."""
+    with np.errstate(all="ignore"):     # NaN and Inf give NaN/inf measures, not warnings
+        return _piece_sums(a, b, scratch, bytes_equal)
+
+
+def _largest(x: np.ndarray) -> float:
+    """max |x|, NaN if any is NaN."""
+    hi, lo = x.max(), x.min()
+    return math.nan if np.isnan(hi) or np.isnan(lo) else float(max(hi, -lo))
+
+
+def _piece_sums(a: np.ndarray, b: np.ndarray, scratch: Scratch, bytes_equal: bool) -> Sums:
     n = a.size
     s = Sums(bytes_equal=bytes_equal)
     if n == 0:
         return s
     wa = scratch.get("a64", n, np.float64)
     np.copyto(wa, a.view(np.uint8) if a.dtype == np.bool_ else a, casting="unsafe")
-    s.saa = float(np.dot(wa, wa))
+    largest = _largest(wa)
     if bytes_equal:                     # same values: nothing else to compute
+        s.scale = scale_of(largest) if math.isfinite(largest) else 0
+        scale_down(wa, s.scale)
+        s.saa = float(np.dot(wa, wa))
         s.sbb = s.sab = s.saa
         if not math.isfinite(s.saa):    # NaN - NaN, inf - inf: NaN, as computed below
             s.sse = s.max_abs = math.nan
         return s
     wb = scratch.get("b64", n, np.float64)
     np.copyto(wb, b.view(np.uint8) if b.dtype == np.bool_ else b, casting="unsafe")
+    largest = max(largest, _largest(wb)) if not math.isnan(largest) else largest
+    s.scale = scale_of(largest) if math.isfinite(largest) else 0
+    scale_down(wa, s.scale)
+    scale_down(wb, s.scale)
+    s.saa = float(np.dot(wa, wa))
     s.sbb = float(np.dot(wb, wb))
     s.sab = float(np.dot(wa, wb))
-    np.subtract(wb, wa, out=wb)
+    np.subtract(wb, wa, out=wb)         # |b - a| <= 2**301 once scaled: no overflow
     s.sse = float(np.dot(wb, wb))
-    hi, lo = wb.max(), wb.min()
-    s.max_abs = float(max(hi, -lo)) if not (np.isnan(hi) or np.isnan(lo)) else math.nan
+    s.max_abs = ldexp_or_inf(_largest(wb), s.scale)
     return s
 
 
@@ -190,8 +220,10 @@ def model_diff(a, b, workers: int | None = None, progress: Progress | None = Non
             if results[index].status == "raw":
                 out.append((piece, Sums(bytes_equal=equal), ra.nbytes + rb.nbytes))
                 continue
-            xa = va.of(ra, scratch.get("fa", piece.count, np.float32))[:piece.count]
-            xb = xa if equal else vb.of(rb, scratch.get("fb", piece.count, np.float32))[:piece.count]
+            with np.errstate(all="ignore"):     # a conversion's Inf/NaN is measured, not warned
+                xa = va.of(ra, scratch.get("fa", piece.count, np.float32))[:piece.count]
+                xb = xa if equal else \
+                    vb.of(rb, scratch.get("fb", piece.count, np.float32))[:piece.count]
             out.append((piece, _sums(xa, xb, scratch, equal), ra.nbytes + rb.nbytes))
         return out
 
@@ -261,15 +293,21 @@ def row(d: TensorDiff) -> list[str]:
 
 def run(args, out=None) -> int:
     out = out or sys.stdout
+    if args.plot:
+        from tensorfs.factsplot import check_plot
+
+        check_plot(args.plot)           # before anything is read
     options = dict(args.storage_options or [])
     with open_model(args.a, options, args.timeout) as a, \
             open_model(args.b, options, args.timeout) as b:
         total = sum(t.nbytes for t in a.model.tensors) + sum(t.nbytes for t in b.model.tensors)
-        on_tensor = None
-        if not args.json:
-            out.write("\t".join(COLUMNS) + "\n")
-            on_tensor = lambda d: (out.write("\t".join(row(d)) + "\n"), out.flush())  # noqa: E731
         with Progress(total, "diff") as progress:
+            on_tensor = table = None
+            if not args.json:
+                table = Table(out, COLUMNS, widths(a.model.tensors, b.model.tensors),
+                              wants_aligned(args, out), progress)
+                table.header()
+                on_tensor = lambda d: table.row(row(d))  # noqa: E731
             results = model_diff(a, b, progress=progress, on_tensor=on_tensor)
     counts = summary(results)
     if args.json:
@@ -286,3 +324,13 @@ def run(args, out=None) -> int:
 
         plot_diff(results, shown_name(args.a), shown_name(args.b), args.plot)
     return 0 if set(counts) <= {"identical"} else 1
+
+
+def widths(tensors_a, tensors_b) -> dict[str, int]:
+    """The table's column widths, known before any tensor is read."""
+    both = list(tensors_a) + list(tensors_b)
+    kinds = [len(f"{t.dtype}{list(t.shape)}") for t in both]
+    return {"name": max((len(printable(t.name)) for t in both), default=0),
+            "status": max(len(s) for s in STATUSES),
+            "a": max(kinds, default=0), "b": max(kinds, default=0),
+            "max_abs_diff": NUMBER_WIDTH, "nmse": NUMBER_WIDTH}

@@ -1,4 +1,4 @@
-"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (SPEC §12, docs/cli.md), and
+"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (docs/cli.md), and
 their exit statuses: ``hash`` and ``stats`` exit 1 on any failure, ``diff`` 2 (0 and 1 say
 whether the models differ, as diff(1)'s do).  ``tensorfs.cli`` registers them here, so that
 it imports none of their work (numpy) for its other commands."""
@@ -36,7 +36,10 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     stats.add_argument("model", metavar="MODEL", help=model_help)
     stats.add_argument("tensors", metavar="TENSOR", nargs="*",
                        help="only these tensors (by name)")
-    stats.add_argument("--json", action="store_true", help="one JSON document")
+    stats_form = stats.add_mutually_exclusive_group()
+    stats_form.add_argument("--json", action="store_true", help="one JSON document")
+    stats_form.add_argument("--tsv", action="store_true",
+                            help="tab-separated rows even on a terminal (the form on a pipe)")
     stats.add_argument("--plot", metavar="FILE",
                        help="also draw each tensor's absmax and std into FILE (a PNG; needs "
                        "tensorfs-fuse[plot])")
@@ -50,7 +53,10 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
         "A and B are each " + model_help + ".")
     diff.add_argument("a", metavar="A", help="the first model (the reference of nmse)")
     diff.add_argument("b", metavar="B", help="the second model")
-    diff.add_argument("--json", action="store_true", help="one JSON document")
+    diff_form = diff.add_mutually_exclusive_group()
+    diff_form.add_argument("--json", action="store_true", help="one JSON document")
+    diff_form.add_argument("--tsv", action="store_true",
+                           help="tab-separated rows even on a terminal (the form on a pipe)")
     diff.add_argument("--plot", metavar="FILE",
                       help="also draw the nmse of each tensor per layer into FILE (a PNG; "
                       "needs tensorfs-fuse[plot])")

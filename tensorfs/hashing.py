@@ -1,4 +1,4 @@
-"""``tensorfs hash`` (SPEC §12, docs/facts.md): llama.cpp's ``llama-gguf-hash`` lines, for any
+"""``tensorfs hash`` (docs/facts.md): llama.cpp's ``llama-gguf-hash`` lines, for any
 model tensorfs opens.
 
 The line format, the order, the whole-model line, the UUIDv5 rule, the default algorithm
@@ -31,8 +31,9 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tensorfs.facts import (HASH_PIECE_BYTES, FactsError, Progress, cpu_count, read_into,
-                            source_of, stored_order)
+from tensorfs.errors import printable
+from tensorfs.facts import (HASH_PIECE_BYTES, MANIFEST_LIMIT, FactsError, Progress, cpu_count,
+                            read_into, read_text_input, source_of, stored_order)
 
 # uuid.uuid5(uuid.NAMESPACE_URL, 'en.wikipedia.org/wiki/Llama.cpp'), as gguf-hash.cpp has it
 UUID_NAMESPACE = uuid.UUID("ef001206-dadc-5f6d-a15f-3359e577d4e5")
@@ -286,22 +287,20 @@ class Manifest:
 
 def read_manifest(path: str) -> Manifest:
     """The lines llama-gguf-hash's ``manifest_verify`` would find: the first three
-    whitespace-separated fields of each line; any other line is passed over, as there."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8", "surrogateescape")
-    except OSError as error:
-        raise FactsError(f"{path}: cannot read the manifest: {error.strerror or error}") from None
+    whitespace-separated fields of each line; any other line is passed over, as there.
+    The file is read only once it is known to be a regular file of at most
+    ``MANIFEST_LIMIT`` bytes of UTF-8 text (``read_text_input``)."""
+    text = read_text_input(path, "manifest", MANIFEST_LIMIT)
     entries: dict[tuple[str, str], str] = {}
     algorithms: set[str] = set()
     for raw in text.split("\n"):
-        fields = raw.split()
+        fields = raw.split(maxsplit=3)[:3]
         if fields and fields[0] in STRENGTH:
             algorithms.add(fields[0])
         if len(fields) >= 3:
             entries.setdefault((fields[0], fields[2]), fields[1])
     if not algorithms:
-        raise FactsError(f"{path}: no line of the manifest is a hash line "
+        raise FactsError(f"{printable(path)}: no line of the manifest is a hash line "
                          f"(xxh64, sha1, sha256 or uuid)")
     return Manifest(path, entries, algorithms)
 
@@ -353,6 +352,13 @@ def run(args, out=None) -> int:
     out = out or sys.stdout
     manifest = read_manifest(args.check) if args.check else None
     algorithms = chosen_algorithms(args, manifest)
+    if manifest is not None and not manifest.algorithms & set(algorithms):
+        # said before the model is read: nothing the model holds could be checked
+        def listed(names):
+            return ", ".join(a for a in STRENGTH if a in names)
+        raise FactsError(f"{printable(manifest.path)}: the manifest has no "
+                         f"{listed(algorithms)} lines (it has {listed(manifest.algorithms)}): "
+                         f"check with --{strongest(manifest)}, or with no algorithm named")
     per_tensor = not args.no_layer
     with open_model(args.model, dict(args.storage_options or []), args.timeout) as opened:
         total = sum(t.nbytes for t in opened.model.tensors)

@@ -1,4 +1,4 @@
-"""``tensorfs stats`` (SPEC §12, docs/facts.md): what is in each tensor.
+"""``tensorfs stats`` (docs/facts.md): what is in each tensor.
 
 Over the values of a tensor's ``.npy`` view (dequantized or widened to float32 as the mount
 serves them; a native type's own values), in float64: ``count`` (every element), the numbers
@@ -20,13 +20,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (FactsError, Progress, Scratch, cpu_count, cut, fmt, json_number,
-                            open_model, read_into, run_ordered, shown_name, source_of,
-                            stored_order, tasks_of, values_of)
+from tensorfs.facts import (NUMBER_WIDTH, ZERO_SCALE, Progress, Scratch, Table, cpu_count, cut,
+                            fmt, json_number, ldexp_or_inf, no_tensor_named, open_model,
+                            read_into, run_ordered, scale_down, scale_of, shown_name,
+                            source_of, stored_order, tasks_of, values_of, wants_aligned)
 
 
 @dataclass
 class Moments:
+    """A tensor's counts and moments so far.  The mean and the sum of squared deviations
+    are kept divided by ``2**scale`` (``tensorfs.facts.scale_of``: 0 for values within
+    2**±300, else a power of two at least the largest |value|), so that they neither
+    overflow (values near 1e308, whose squares are past float64) nor underflow (values
+    near 1e-300, whose squares are 0) for any finite input."""
+
     count: int = 0          # every element
     nan: int = 0
     posinf: int = 0
@@ -35,10 +42,23 @@ class Moments:
     finite: int = 0         # what min ... absmax are over
     min: float = math.inf
     max: float = -math.inf
-    mean: float = 0.0
-    m2: float = 0.0         # sum of squared deviations from the mean
+    scale: int = ZERO_SCALE     # the power of two the next two are scaled by
+    mean_s: float = 0.0     # mean / 2**scale
+    m2_s: float = 0.0       # (sum of squared deviations from the mean) / 4**scale
+
+    @property
+    def mean(self) -> float:
+        # within [min, max] as a mean is (rounding could step out, or past float64's range)
+        return min(max(ldexp_or_inf(self.mean_s, self.scale), self.min), self.max)
+
+    @property
+    def std(self) -> float:
+        # at most (max - min) / 2, so at most absmax
+        return min(ldexp_or_inf(math.sqrt(self.m2_s / self.finite), self.scale),
+                   max(abs(self.min), abs(self.max)))
 
     def merge(self, other: "Moments") -> None:
+        """Chan et al.'s pairwise rule, at the larger of the two scales."""
         self.count += other.count
         self.nan += other.nan
         self.posinf += other.posinf
@@ -48,10 +68,20 @@ class Moments:
             return
         self.min = min(self.min, other.min)
         self.max = max(self.max, other.max)
+        if self.finite == 0:
+            self.finite, self.scale = other.finite, other.scale
+            self.mean_s, self.m2_s = other.mean_s, other.m2_s
+            return
+        scale = max(self.scale, other.scale)
+        mean_a = math.ldexp(self.mean_s, self.scale - scale)
+        mean_b = math.ldexp(other.mean_s, other.scale - scale)
+        m2_a = math.ldexp(self.m2_s, 2 * (self.scale - scale))
+        m2_b = math.ldexp(other.m2_s, 2 * (other.scale - scale))
         n = self.finite + other.finite
-        delta = other.mean - self.mean
-        self.mean += delta * other.finite / n
-        self.m2 += other.m2 + delta * delta * self.finite * other.finite / n
+        delta = mean_b - mean_a             # |delta| <= 2**301: its square is finite
+        self.mean_s = mean_a + delta * other.finite / n
+        self.m2_s = m2_a + m2_b + delta * delta * (self.finite * other.finite / n)
+        self.scale = scale
         self.finite = n
 
     def as_dict(self) -> dict:
@@ -60,14 +90,20 @@ class Moments:
                 "min": float(self.min) if some else None,
                 "max": float(self.max) if some else None,
                 "mean": self.mean if some else None,
-                "std": math.sqrt(self.m2 / self.finite) if some else None,
+                "std": self.std if some else None,
                 "absmax": max(abs(self.min), abs(self.max)) if some else None,
                 "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
                 "zeros": self.zeros}
 
 
 def moments(x: np.ndarray, scratch: Scratch) -> Moments:
-    """The moments of one piece of values (any numeric dtype), accumulated in float64."""
+    """The moments of one piece of values (any numeric dtype), accumulated in float64,
+    scaled as its largest |value| asks (``Moments``)."""
+    with np.errstate(all="ignore"):         # NaN/Inf are counted, never warned about
+        return _moments(x, scratch)
+
+
+def _moments(x: np.ndarray, scratch: Scratch) -> Moments:
     m = Moments(count=int(x.size))
     if x.size == 0:
         return m
@@ -92,9 +128,11 @@ def moments(x: np.ndarray, scratch: Scratch) -> Moments:
         m.min, m.max = float(lo), float(hi)       # known already, and exact
     else:
         m.min, m.max = float(wide.min()), float(wide.max())
-    m.mean = float(wide.sum()) / m.finite
-    wide -= m.mean
-    m.m2 = float(np.dot(wide, wide))
+    m.scale = scale_of(max(abs(m.min), abs(m.max)))
+    scale_down(wide, m.scale)
+    m.mean_s = float(wide.sum()) / m.finite
+    wide -= m.mean_s
+    m.m2_s = float(np.dot(wide, wide))
     return m
 
 
@@ -107,7 +145,7 @@ def select(opened, names: list[str] | None) -> list:
     known = {t.name for t in tensors}
     missing = [n for n in names if n not in known]
     if missing:
-        raise FactsError(f"{shown_name(opened.model.source)}: no tensor named {missing[0]!r}")
+        raise no_tensor_named(shown_name(opened.model.source), missing[0], known)
     wanted = set(names)
     return [t for t in tensors if t.name in wanted]
 
@@ -153,7 +191,8 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
             t, v = tensors[piece.index], how[piece.index]
             raw = scratch.get("raw", piece.nbytes, np.uint8)
             read_into(source_of(opened, t), t.offset + piece.start, memoryview(raw))
-            values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
+            with np.errstate(all="ignore"):     # a conversion's Inf/NaN is counted, not warned
+                values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
             out.append((piece, moments(values, scratch)))
         return out
 
@@ -194,25 +233,40 @@ def row(s: TensorStats) -> list[str]:
 
 def run(args, out=None) -> int:
     out = out or sys.stdout
+    if args.plot:
+        from tensorfs.factsplot import check_plot
+
+        check_plot(args.plot)           # before anything is read
     with open_model(args.model, dict(args.storage_options or []), args.timeout) as opened:
-        total = sum(t.nbytes for t in select(opened, args.tensors))
-        on_tensor = None
-        if not args.json and not args.plot:
-            out.write("\t".join(COLUMNS) + "\n")
-            on_tensor = lambda s: (out.write("\t".join(row(s)) + "\n"), out.flush())  # noqa: E731
+        chosen = select(opened, args.tensors)
+        total = sum(t.nbytes for t in chosen)
         with Progress(total, "stats") as progress:
+            on_tensor = None
+            if not args.json:
+                table = Table(out, COLUMNS, widths(chosen), wants_aligned(args, out), progress)
+                table.header()
+                on_tensor = lambda s: table.row(row(s))  # noqa: E731
             results = model_stats(opened, args.tensors or None, progress=progress,
                                   on_tensor=on_tensor)
     if args.json:
         json.dump({"model": shown_name(args.model), "tensors": [s.as_dict() for s in results]},
                   out, indent=1, ensure_ascii=True, allow_nan=False)
         out.write("\n")
-    elif args.plot:
-        out.write("\t".join(COLUMNS) + "\n")
-        out.write("".join("\t".join(row(s)) + "\n" for s in results))
+    out.flush()
     if args.plot:
         from tensorfs.factsplot import plot_stats
 
         plot_stats(results, shown_name(args.model), args.plot)
-    out.flush()
     return 0
+
+
+def widths(tensors) -> dict[str, int]:
+    """The table's column widths, known before any tensor is read."""
+    w = {"name": max((len(printable(t.name)) for t in tensors), default=0),
+         "dtype": max((len(t.dtype) for t in tensors), default=0),
+         "count": max((len(str(t.n_elements)) for t in tensors), default=0)}
+    for column in ("min", "max", "mean", "std", "absmax"):
+        w[column] = NUMBER_WIDTH
+    for column in ("nan", "+inf", "-inf", "zeros"):
+        w[column] = min(w["count"], 8)
+    return w

@@ -1,4 +1,4 @@
-"""``tensorfs diff`` (SPEC §12) against numpy over the oracles' values: a Q4_K model against
+"""``tensorfs diff`` against numpy over the oracles' values: a Q4_K model against
 its F16, every type against another draw of itself, every status, exit codes like diff(1)'s,
 pieces and threads, --plot."""
 
@@ -212,3 +212,54 @@ def test_plot_writes_a_png(tmp_path):
     result = run_tensorfs("diff", fa, fb, "--plot", png)
     assert result.returncode == 1, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_every_compared_tensor_on_the_band_it_belongs_to(tmp_path):
+    """The tensor that changed most (nmse inf: A all zeros) and a NaN one are drawn on the
+    top band, identical ones on the 0 band, none left out; the PNG is written."""
+    pytest.importorskip("matplotlib")
+    from safetensors.numpy import save_file
+
+    from tensorfs.diff import model_diff
+    from tensorfs.facts import open_model
+    from tensorfs.factsplot import plot_diff
+
+    rng = np.random.default_rng(5)
+    a, b = {}, {}
+    for layer in range(3):
+        for kind in ("attn_q", "ffn_down"):
+            x = rng.standard_normal(64).astype(np.float32)
+            a[f"blk.{layer}.{kind}.weight"] = x
+            b[f"blk.{layer}.{kind}.weight"] = x if layer == 1 else x * np.float32(1.01)
+    a["blk.0.zeros.weight"], b["blk.0.zeros.weight"] = np.zeros(8, np.float32), np.ones(8, np.float32)
+    a["blk.2.nan.weight"] = np.array([np.nan, 1], np.float32)
+    b["blk.2.nan.weight"] = np.array([1, 1], np.float32)
+    a["output.weight"] = b["output.weight"] = np.ones(4, np.float32)
+    save_file(a, str(tmp_path / "a.safetensors"))
+    save_file(b, str(tmp_path / "b.safetensors"))
+    with open_model(str(tmp_path / "a.safetensors")) as ma, \
+            open_model(str(tmp_path / "b.safetensors")) as mb:
+        results = model_diff(ma, mb)
+    drawn = plot_diff(results, "a", "b", str(tmp_path / "d.png"))
+    assert (tmp_path / "d.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(drawn["top"]) == ["blk.0.zeros.weight", "blk.2.nan.weight"]
+    assert sorted(drawn["zero"]) == sorted(["blk.1.attn_q.weight", "blk.1.ffn_down.weight",
+                                            "output.weight"])
+    assert len(drawn["main"]) == 4
+    assert sum(map(len, drawn.values())) == len(results)
+
+
+def test_plot_of_nothing_comparable_is_no_file_and_one_note(tmp_path):
+    pytest.importorskip("matplotlib")
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.ones(4, np.float32)}, str(tmp_path / "a.safetensors"))
+    save_file({"x": np.ones(5, np.float32), "y": np.ones(1, np.float32)},
+              str(tmp_path / "b.safetensors"))
+    png = tmp_path / "d.png"
+    result = run_tensorfs("diff", tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                          "--plot", png)
+    assert result.returncode == 1           # the models differ: that stands
+    assert result.stderr == (f"tensorfs: note: {png}: not drawn: no tensor of A and B has "
+                             f"values to compare (1 shape_differs, 1 only_in_b)\n")
+    assert not png.exists()

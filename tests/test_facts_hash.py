@@ -1,4 +1,4 @@
-"""``tensorfs hash`` (SPEC §12) against llama.cpp's own ``llama-gguf-hash`` (built from the
+"""``tensorfs hash`` against llama.cpp's own ``llama-gguf-hash`` (built from the
 llama-cpp-python sdist by ``make llama-gguf-hash``) and against hashlib/xxhash of the bytes the
 reference readers give: every type, every flag, manifests checked both ways; safetensors,
 shards, odd names; the ``user.tensorfs.sha256`` xattr of a mount."""

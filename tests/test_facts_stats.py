@@ -1,4 +1,4 @@
-"""``tensorfs stats`` (SPEC §12) against numpy over the oracles' values (gguf.quants.dequantize,
+"""``tensorfs stats`` against numpy over the oracles' values (gguf.quants.dequantize,
 the project's references, ml_dtypes, the written arrays): every type, NaN/Inf/zeros, pieces
 and threads, the table, tensor selection, --plot."""
 
@@ -140,3 +140,28 @@ def test_plot_writes_a_png(models, tmp_path):
     unwritable = run_tensorfs("stats", d / "every.gguf", "--plot", tmp_path / "no" / "x.png")
     assert unwritable.returncode == 1 and unwritable.stderr.count("\n") == 1
     assert "cannot write the plot" in unwritable.stderr
+
+
+def test_plot_draws_zero_on_a_band_not_at_a_made_up_height(tmp_path):
+    """An all-zero tensor's absmax and std and a constant one's std are 0: drawn on the 0
+    band, every tensor drawn once; nothing to draw is no file and one note."""
+    pytest.importorskip("matplotlib")
+    from safetensors.numpy import save_file
+
+    from tensorfs.facts import open_model
+    from tensorfs.factsplot import plot_stats
+    from tensorfs.stats import model_stats
+
+    save_file({"a": np.linspace(-1, 1, 8).astype(np.float32), "zeros": np.zeros(4, np.float32),
+               "constant": np.full(4, 3, np.float32)}, str(tmp_path / "m.safetensors"))
+    with open_model(str(tmp_path / "m.safetensors")) as opened:
+        results = model_stats(opened)
+    drawn = plot_stats(results, "m", str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn == {"main": ["a"], "zero": ["constant", "zeros"]}     # stored order
+    save_file({"n": np.array([np.nan], np.float32)}, str(tmp_path / "nan.safetensors"))
+    result = run_tensorfs("stats", tmp_path / "nan.safetensors", "--plot", tmp_path / "n.png")
+    assert result.returncode == 0
+    assert result.stderr == (f"tensorfs: note: {tmp_path}/n.png: not drawn: no tensor has "
+                             f"finite values to plot\n")
+    assert not (tmp_path / "n.png").exists()

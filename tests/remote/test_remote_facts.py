@@ -1,4 +1,4 @@
-"""``tensorfs hash``, ``stats`` and ``diff`` of a URL (SPEC §12 with §8): the same answers as
+"""``tensorfs hash``, ``stats`` and ``diff`` of a URL: the same answers as
 for the local files with the same bytes, over plain HTTP from nginx (hf:// and s3:// for one
 model), each byte fetched once, no credential in what is printed."""
 
