@@ -118,8 +118,8 @@ def _flush() -> None:
 
 def explained(reason: str, files: dict, total: int | None) -> str:
     """A source's report as ``list`` says it: the file by its name in the mount, and what
-    still reads (``files/config.json changed: rewritten in place …; it reads EIO, the
-    tensors serve``).  A reason about no known file is kept as it is."""
+    still reads (``/m/config.json (files/config.json) changed: rewritten in place …; it
+    reads EIO, the tensors serve``).  A reason about no known file is kept as it is."""
     path = next((p for p in sorted(files, key=len, reverse=True)
                  if reason.startswith(p + ": ")), None)
     if path is None:
@@ -127,7 +127,7 @@ def explained(reason: str, files: dict, total: int | None) -> str:
     name, count = files[path]["name"], files[path].get("tensors", 0)
     rest = reason[len(path) + 2:]
     if "EIO" not in rest:                         # still served as it was at mount time
-        return f"{name}: {rest}"
+        return f"{path} ({name}): {rest}"
     cause = re.split(r"[:;] every read", rest)[0]
     cause = re.sub(r"^the model file (was|is) ", "", cause)
     if not count:
@@ -137,7 +137,7 @@ def explained(reason: str, files: dict, total: int | None) -> str:
     else:
         others = f", the other {counted(total - count, 'tensor')} serve" if total else ""
         then = f"it and its {counted(count, 'tensor')} read EIO{others}"
-    return f"{name} changed: {cause}; {then}"
+    return f"{path} ({name}) changed: {cause}; {then}"
 
 
 def counted(n: int, noun: str) -> str:
