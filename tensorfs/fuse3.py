@@ -404,7 +404,10 @@ class Session:
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
-        st.st_mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        # Directories 0755, as a copy should be: `cp -r` keeps the modes, and a copy of 0555
+        # directories is one its owner cannot empty (rm -rf fails).  The mount stays
+        # read-only: the kernel refuses every write to it with EROFS, whatever the mode.
+        st.st_mode = (stat.S_IFDIR | 0o755) if entry.is_dir else (stat.S_IFREG | 0o444)
         st.st_nlink = entry.nlink
         st.st_size = entry.size
         st.st_blocks = (entry.size + 511) // 512
