@@ -365,7 +365,7 @@ def _usage_of(parser, args, argv: list[str]) -> str | None:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) and command in action.choices:
             return usage_line(action.choices[command])
-    return usage_line(parser)
+    return None
 
 
 def mount_helper_argv(argv: list[str]) -> list[str] | None:
@@ -438,7 +438,8 @@ def main(argv=None) -> int:
             return facts_main(args, _say_error, debug, [option.text for option in options])
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
-        _say_usage(getattr(error, "usage", None) or _usage_of(parser, args, argv))
+        _say_usage(_usage_of(parser, args, argv) or getattr(error, "usage", None)
+                   or (usage_line(parser) if parser is not None else None))
         _say_error(error)
         return 2
     except (ModelError, UserError, DaemonError, RuntimeDirError) as error:
@@ -616,6 +617,7 @@ def cmd_mount(args) -> int:
     from tensorfs.mounttree import build_mount
 
     inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
+    fuse_options(args, args.model)                  # a refused -o is a usage error: said first
     mountpoint = check_mountpoint(args.mountpoint, args.model)
     inherited.discard(descriptor_of(mountpoint))   # /dev/fd/N: the mount itself, kept
     debug = getattr(args, "debug", False)

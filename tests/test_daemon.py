@@ -26,12 +26,14 @@ from tests.conftest import RUNTIME_DIR, TENSORFS, fuse_mounts_under, run_tensorf
 from tests.models import write_safetensors
 
 from reliability_models import slow_filesystem
-from tests.support import alive, direct_read, wait_for
+from tests.support import alive, direct_read, usage_error, wait_for
 from tests.support.users import IS_ROOT, User, needs_users  # noqa: F401 (users: a conftest fixture)
 
 
 
 def _one_line(result, code=1) -> str:
+    if code == 2:
+        return usage_error(result)          # the command's usage line, then the error line
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
