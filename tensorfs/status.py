@@ -165,14 +165,17 @@ def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
     mounts in the mount table), then each ``/dev/fd/N`` mount (mounted by another process,
     so in no mount table under that name) whose daemon runs."""
     rows = []
-    for mountpoint in mountpoints + _descriptor_mounts(running):
+    by_descriptor = _descriptor_mounts(running)
+    for mountpoint in mountpoints + by_descriptor:
         status = read(mountpoint, running) or {}
         pid = pid_of(mountpoint)
         if pid is None and status:
             status = {**status, "state": "daemon gone",
                       "reason": "the daemon exited: tensorfs unmount it", "last_failure": None}
         elif pid is None or status.get("pid") != pid:
-            status = {"state": "unknown", "reason": "no status in this user's runtime directory"}
+            status = {"state": "unknown", "reason": "no status in this user's runtime directory"
+                      + (" (served through a descriptor? see the /dev/fd/N rows)"
+                         if by_descriptor else "")}
         rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
                      "tensors": status.get("tensors"), "state": status.get("state"),
                      "reason": status.get("reason"),

@@ -72,7 +72,7 @@ def _option_tables(text: str):
             continue
         commands = [c.strip() for c in match.group(1).split(",") if c.strip()]
         for line in section.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
             if len(cells) < 2 or not cells[0].startswith("`-"):
                 continue
             flag = re.match(r"`(-[\w-]+)", cells[0]).group(1)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
+import shutil
 import subprocess
 
 import pytest
@@ -86,3 +88,38 @@ def test_a_descriptor_that_is_not_dev_fuse_is_refused(tmp_path):
     assert "is not /dev/fuse" in result.stderr and result.stderr.count("\n") == 1
     closed = run_tensorfs("mount", model, "/dev/fd/97")
     assert closed.returncode == 1 and "descriptor 97 is not open" in closed.stderr
+
+
+@pytest.mark.skipif(not shutil.which("mount.fuse3"), reason="needs mount.fuse3 (fuse3)")
+def test_mount_fuse3_drop_privileges_runs_tensorfs_without_capabilities(tmp_path):
+    """libfuse's own mounter: mount.fuse3 opens /dev/fuse, mounts it, drops every capability
+    and runs ``tensorfs MODEL /dev/fd/N -o …`` (the fuse(8) convention)."""
+    from safetensors.numpy import load_file
+
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    directory = tmp_path / "mnt"
+    directory.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "tensorfs"          # the suite's tensorfs, as mount.fuse3 finds it
+    wrapper.write_text("#!/bin/sh\nexec " + " ".join(map(shlex.quote, TENSORFS)) + ' "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    result = subprocess.run(["mount.fuse3", f"tensorfs#{model}", str(directory), "-o",
+                             "ro,nosuid,nodev,drop_privileges"], env=env, capture_output=True,
+                            text=True, timeout=120, stdin=subprocess.DEVNULL)
+    try:
+        assert result.returncode == 0, result.stderr
+        row = next(r for r in json.loads(run_tensorfs("list", "--json").stdout)
+                   if r["mountpoint"].startswith("/dev/fd/") and r["source"] == str(model))
+        with open(f"/proc/{row['pid']}/status") as f:
+            caps = dict(line.split(":\t") for line in f if line.startswith("Cap"))
+        assert int(caps["CapEff"], 16) == 0 and int(caps["CapBnd"], 16) == 0, caps
+        tensors = load_file(str(model))
+        assert (directory / "lm_head" / "weight").read_bytes() == \
+            tensors["lm_head.weight"].tobytes()
+    finally:
+        unmounted = run_tensorfs("unmount", directory)
+    assert unmounted.returncode == 0, unmounted.stderr
+    assert wait_for(lambda: not alive(row["pid"]), 30)
