@@ -11,11 +11,17 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from tests.support import TENSORFS, alive, run_tensorfs, wait_for
 from tests.models import write_safetensors
+from tests.support.users import needs_users
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MS_NOSUID, MS_NODEV = 2, 4
 libc = ctypes.CDLL(None, use_errno=True)
@@ -123,3 +129,54 @@ def test_mount_fuse3_drop_privileges_runs_tensorfs_without_capabilities(tmp_path
         unmounted = run_tensorfs("unmount", directory)
     assert unmounted.returncode == 0, unmounted.stderr
     assert wait_for(lambda: not alive(row["pid"]), 30)
+
+
+def _processes_of(uid: int, word: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@needs_users
+def test_a_privileged_mounter_passes_the_descriptor_to_an_unprivileged_user(users, tmp_path):
+    """examples/fdpass.py, the pattern of docs/containers.md: root mounts and sends the
+    descriptor over a unix socket; a real non-root user receives it and runs tensorfs."""
+    from safetensors.numpy import load_file
+
+    user, _ = users
+    shared = Path(tempfile.mkdtemp(prefix="tensorfs-fdpass-"))
+    shared.chmod(0o755)
+    model = shared / "m.safetensors"
+    write_safetensors(model)
+    model.chmod(0o644)
+    directory = shared / "mnt"
+    directory.mkdir()
+    sock = shared / "fuse.sock"
+    example = ROOT / "examples" / "fdpass.py"
+    mounter = subprocess.Popen([sys.executable, str(example), "mount", str(directory),
+                                str(sock), str(user.uid)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert mounter.stdout.readline().strip() == "listening"
+        served = user.run(sys.executable, example, "serve", sock, "--", *TENSORFS, "mount", model,
+                          env={"PYTHONPATH": str(ROOT)})      # this checkout's tensorfs
+        assert served.returncode == 0, served.stderr
+        daemons = _processes_of(user.uid, "/dev/fd/")
+        assert daemons, "no daemon of the user's"
+        tensors = load_file(str(model))
+        for name, array in tensors.items():
+            assert (directory / name.replace(".", "/")).read_bytes() == array.tobytes(), name
+    finally:
+        mounter.terminate()                 # the mounter unmounts: the daemon's session ends
+        mounter.wait(30)
+        libc.umount2(os.fsencode(directory), 2)
+    assert wait_for(lambda: not _processes_of(user.uid, "/dev/fd/"), 30)
+    shutil.rmtree(shared, ignore_errors=True)
+    shutil.rmtree(f"/tmp/tensorfs-{user.uid}", ignore_errors=True)
