@@ -657,8 +657,14 @@ def cmd_mount(args) -> int:
 
 def cmd_unmount(args) -> int:
     from tensorfs import daemon
-    from tensorfs.runtime import mount_type
+    from tensorfs.runtime import descriptor_of, mount_type
 
+    if descriptor_of(args.mountpoint) is not None:
+        pid = daemon.daemon_pid(args.mountpoint)
+        raise UserError(f"{args.mountpoint}: " + (
+            "no tensorfs daemon serves this descriptor" if pid is None else
+            f"served by daemon {pid} through a descriptor another process mounted: unmount "
+            f"the directory it mounted (umount DIR), and the daemon exits"))
     if not os.path.lexists(args.mountpoint) and mount_type(args.mountpoint) is None:
         raise UserError(f"{args.mountpoint}: no such file or directory")
     mountpoint = os.path.realpath(args.mountpoint)

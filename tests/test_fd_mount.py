@@ -71,6 +71,9 @@ def test_a_descriptor_mounted_by_another_process_is_served(tmp_path):
         assert row["state"] == "serving" and row["source"] == str(model)
         pid = row["pid"]
         assert alive(pid)
+        refused = run_tensorfs("unmount", mountpoint)
+        assert refused.returncode == 1 and f"served by daemon {pid}" in refused.stderr
+        assert "umount DIR" in refused.stderr and alive(pid)
     finally:
         if fd >= 0:
             os.close(fd)
