@@ -47,7 +47,10 @@ def mount(directory: str, path: str, uid: int) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     real = os.path.realpath(directory)
-    while any(line.split()[4] == real for line in open("/proc/self/mountinfo")):
+    while True:
+        with open("/proc/self/mountinfo") as table:
+            if not any(line.split()[4] == real for line in table):
+                break
         time.sleep(0.5)
     return 0
 

@@ -21,7 +21,7 @@ import sys
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
-from tensorfs.errors import ModelError, one_line_bounded, printable
+from tensorfs.errors import ModelError, one_line_bounded, plural, printable
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
@@ -428,7 +428,6 @@ def main(argv=None) -> int:
             return cmd_list(args)
         if args.command in ("hash", "stats", "diff"):
             from tensorfs.facts_commands import main as facts_main
-
             from tensorfs.facts_commands import usage_problem
 
             problem = usage_problem(args)
@@ -566,10 +565,8 @@ def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     from tensorfs.fuse3 import FuseUnavailable
     from tensorfs.fusefs import serve
 
-    from tensorfs.status import counted
-
     log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
-             counted(len(mounted.model.tensors), "tensor"))
+             plural(len(mounted.model.tensors), "tensor"))
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
@@ -611,10 +608,10 @@ def _served_files(model) -> dict:
 
 def cmd_mount(args) -> int:
     from tensorfs import daemon
-    from tensorfs.runtime import descriptor_of
     from tensorfs.cache import ByteLRU
     from tensorfs.loader import load_model
     from tensorfs.mounttree import build_mount
+    from tensorfs.runtime import descriptor_of
 
     inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
     fuse_options(args, args.model)                  # a refused -o is a usage error: said first
@@ -697,7 +694,8 @@ def cmd_unmount(args) -> int:
 def cmd_list(args) -> int:
     import json
 
-    from tensorfs import daemon, status as statuses
+    from tensorfs import daemon
+    from tensorfs import status as statuses
     from tensorfs.runtime import tensorfs_mounts
 
     rows = statuses.listing(tensorfs_mounts(os.geteuid()), daemon.daemon_pid, daemon.running)

@@ -24,6 +24,7 @@ import threading
 import time
 
 from tensorfs import runtime
+from tensorfs.errors import plural
 
 log = logging.getLogger("tensorfs")
 
@@ -135,14 +136,11 @@ def explained(reason: str, files: dict, total: int | None) -> str:
     elif total is not None and count >= total:
         then = "it and every tensor read EIO"
     else:
-        others = f", the other {counted(total - count, 'tensor')} serve" if total else ""
-        then = f"it and its {counted(count, 'tensor')} read EIO{others}"
+        rest = total - count if total else 0
+        others = f", the other {plural(rest, 'tensor')} serve{'s' if rest == 1 else ''}" \
+            if rest else ""
+        then = f"it and its {plural(count, 'tensor')} read EIO{others}"
     return f"{path} ({name}) changed: {cause}; {then}"
-
-
-def counted(n: int, noun: str) -> str:
-    """"1 tensor", "2 tensors": a count and its noun, singular for one."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def shown_state(status: dict) -> str:

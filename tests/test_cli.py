@@ -10,12 +10,13 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests import safetensors_corpus
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.support import usage_error
 from tests.models import write_gguf, write_safetensors
+from tests.support import usage_error
 
 try:
     from tests import gguf_corpus

@@ -41,7 +41,7 @@ import pytest
 def quick_start_block(readme: str) -> str:
     """The first ```sh block after the "quick start" marker of README.md."""
     marker = readme.index("<!-- quick start")
-    match = re.search(r"```sh\n(.*?)```", readme[marker:], re.S)
+    match = re.search(r"```sh\n(.*?)```", readme[marker:], re.DOTALL)
     assert match, "README.md: no ```sh block after the quick start marker"
     return match.group(1)
 

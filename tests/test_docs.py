@@ -65,7 +65,7 @@ def _option_tables(text: str):
     ``### Options of COMMAND`` (or ``... of A, B``) followed by a table whose columns are
     ``| option | default | … |``.  The default cell is ``default: `VALUE` `` where the code
     has a value, or words (``off``, ``none``, ``automatic …``) where it has none."""
-    for section in re.split(r"^### ", text, flags=re.M)[1:]:
+    for section in re.split(r"^### ", text, flags=re.MULTILINE)[1:]:
         heading = section.splitlines()[0]
         match = re.match(r"Options of ([\w, ]+)", heading)
         if not match:
