@@ -197,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Mount MODEL read-only at MOUNTPOINT (an empty directory) "
                            "and return once the mount is live.  MODEL is " + MODEL_HELP + ".")
     mount.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory, or "
+                       "/dev/fd/N: a /dev/fuse descriptor another process mounted "
+                       "(docs/containers.md)")
     mount.add_argument("--foreground", "-f", action="store_true",
                        help="stay attached; Ctrl-C or SIGTERM unmounts")
     mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
