@@ -4,9 +4,11 @@ here and nowhere else.
 The serving process publishes it once the mount answers (``publish``: mount point, source,
 pid, tensor count, log, state "serving"), any source of that process may change its state
 (``report``: "source changed" with the reason its log holds; a local file changed or
-replaced under the mount, a remote object whose version changed), and the process withdraws
-it when it stops serving (``withdraw``).  ``list`` reads it (``read``), ``unmount`` forgets
-the one a killed daemon left (``forget``).  ``report`` is a no-op in a process that serves
+replaced under the mount, a remote object whose version changed), a remote source may note
+its last failed read (``read_failed``), and the process withdraws it when it stops serving
+(``withdraw``).  ``list`` reads it (``read``) and takes its rows from here (``listing``:
+the file that changed by its name in the mount and what still reads, that last failure, and
+the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).  ``report`` is a no-op in a process that serves
 no mount (``inspect``, the library), so any layer may call it.
 
 The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime``: written whole,
@@ -136,9 +138,9 @@ def explained(reason: str, files: dict, total: int | None) -> str:
     elif total is not None and count >= total:
         then = "it and every tensor read EIO"
     else:
-        rest = total - count if total else 0
-        others = f", the other {plural(rest, 'tensor')} serve{'s' if rest == 1 else ''}" \
-            if rest else ""
+        serving = total - count if total else 0
+        others = f", the other {plural(serving, 'tensor')} serve{'s' if serving == 1 else ''}" \
+            if serving else ""
         then = f"it and its {plural(count, 'tensor')} read EIO{others}"
     return f"{path} ({name}) changed: {cause}; {then}"
 
