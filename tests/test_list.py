@@ -72,3 +72,32 @@ def test_the_log_counts_one_tensor_as_one(tmp_path, mount):
     mount(model, "--log", log)
     text = log.read_text()
     assert "(1 tensor)" in text and "(1 tensors)" not in text
+
+
+def test_what_still_reads_is_said_for_each_kind_of_file():
+    """The words of ``list`` for each file a source may report, from the sources' own
+    reasons (tensorfs/source.py, tensorfs/remote.py)."""
+    from tensorfs.status import explained
+
+    files = {"/m/a.safetensors": {"name": "files/a.safetensors", "tensors": 3},
+             "/m/b.safetensors": {"name": "files/b.safetensors", "tensors": 1},
+             "/m/config.json": {"name": "files/config.json", "tensors": 0}}
+    local = ("the model file was rewritten in place (same size, but its mtime changed) since "
+             "it was mounted: every read fails with EIO")
+    assert explained(f"/m/a.safetensors: {local}", files, 4) == (
+        "/m/a.safetensors (files/a.safetensors) changed: rewritten in place (same size, but "
+        "its mtime changed) since it was mounted; it and its 3 tensors read EIO, the other "
+        "1 tensor serves")
+    assert explained(f"/m/b.safetensors: {local}", files, 4).endswith(
+        "it and its 1 tensor read EIO, the other 3 tensors serve")
+    assert explained(f"/m/a.safetensors: {local}", files, 3).endswith("it and every tensor read EIO")
+    assert explained(f"/m/config.json: {local}", files, 4).endswith(
+        "; it reads EIO, the tensors serve")
+    remote = "the object's ETag changed; every read of it now fails with EIO (mount again)"
+    assert explained(f"/m/config.json: {remote}", files, 4) == (
+        "/m/config.json (files/config.json) changed: the object's ETag changed; it reads EIO, "
+        "the tensors serve")
+    renamed = "another file was renamed over it; the file as mounted still serves"
+    assert explained(f"/m/config.json: {renamed}", files, 4) == \
+        f"/m/config.json (files/config.json): {renamed}"
+    assert explained("/elsewhere: something", files, 4) == "/elsewhere: something"
