@@ -67,7 +67,6 @@ def _checkout_after_make_venv(target: Path) -> None:
     (venv / ".installed").touch()
 
 
-@pytest.mark.slow
 def test_the_readme_quick_start_runs_as_written_in_a_new_shell(tmp_path):
     checkout = tmp_path / "tensorfs"
     _checkout_after_make_venv(checkout)
