@@ -1,10 +1,14 @@
 """`make demo` (examples/demo.sh) runs with what a minimal Debian has, and prints each command
 exactly as it can be pasted into a shell: a build directory whose name needs quoting must
-come back as one word."""
+come back as one word.  The README's quick start runs as written in a new shell."""
 
 from __future__ import annotations
 
+import glob
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +33,6 @@ def test_the_demo_prints_commands_a_shell_reads_back(tmp_path):
 
 
 # -- the README's quick start, as written, in a new shell -------------------------------------
-
-import glob
-import os
-import re
-import shutil
-
-import pytest
 
 
 def quick_start_block(readme: str) -> str:
