@@ -15,12 +15,13 @@ import json
 import logging
 import os
 import re
+import stat
 import subprocess
 import sys
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
-from tensorfs.errors import ModelError, one_line_bounded, printable
+from tensorfs.errors import ModelError, one_line_bounded, plural, printable
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
@@ -41,14 +42,65 @@ class UserError(Exception):
 
 
 class UsageError(Exception):
-    """Exit 2."""
+    """A command line that cannot run: the command's usage line, then the error line; exit 2.
+    ``usage``: that usage line, when the parser that refused it knows it."""
+
+    def __init__(self, message, usage: str | None = None):
+        super().__init__(message)
+        self.usage = usage
 
 
 class _Parser(argparse.ArgumentParser):
     argv: list[str] = []            # what is being parsed: its secrets are kept out of errors
 
     def error(self, message):
-        raise UsageError(without_secrets(message, self.argv))
+        raise UsageError(without_secrets(message, self.argv), usage=usage_line(self))
+
+
+def usage_line(parser: argparse.ArgumentParser) -> str:
+    """One line whatever the number of options (argparse's own usage of ``mount`` takes
+    five): the command, ``[OPTIONS]`` and its operands, and where the rest is said."""
+    if parser.prog == "tensorfs":
+        return ("usage: tensorfs COMMAND ...  (COMMAND: " + ", ".join(
+            c for c in COMMANDS if c != "umount") + "; tensorfs --help)")
+    operands = []
+    for action in parser._actions:
+        if action.option_strings:
+            continue
+        name = action.metavar or action.dest.upper()
+        operands.append(f"[{name} ...]" if action.nargs == "*" else name)
+    return f"usage: {parser.prog} [OPTIONS] {' '.join(operands)}  ({parser.prog} --help)"
+
+
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The long options of every command that take one value (``--cache-size SIZE``)."""
+    found = set()
+    parsers = [parser] + [p for a in parser._actions
+                          if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()]
+    for p in parsers:
+        for action in p._actions:
+            if action.nargs is None and action.option_strings:
+                found.update(o for o in action.option_strings if o.startswith("--"))
+    return found
+
+
+def _negative_values_joined(argv: list[str], value_options: set[str]) -> list[str]:
+    """``--cache-size -5G`` as ``--cache-size=-5G``: argparse takes a word that starts with
+    "-" and is not a plain number for an option, and would say "expected one argument";
+    joined, the option's own check says what is wrong with the value.  An abbreviation of
+    the option (``--cache -5G``) counts."""
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        if (i + 1 < len(argv) and word.startswith("--") and "=" not in word
+                and re.match(r"-\.?\d", argv[i + 1])
+                and any(o.startswith(word) for o in value_options)):
+            out.append(f"{word}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
 
 
 def argument_secrets(argv: list[str]) -> list[str]:
@@ -104,29 +156,50 @@ def worker_count(text: str) -> int:
 
 
 def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    match = re.fullmatch(r"\s*(-?)(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
-    return int(match.group(1)) * scale
+    if match.group(1):
+        raise argparse.ArgumentTypeError(f"{text!r}: a size cannot be negative (e.g. 512M, 2G)")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(3).lower()]
+    return int(match.group(2)) * scale
 
 
-DEBUG_HELP = ("log every FUSE error and debug detail, and show the traceback of a failure "
-              "instead of one line")
+MIN_CACHE_SIZE = "64K"
+
+
+def cache_size(text: str) -> int:
+    """--cache-size: at least 64K.  The cache holds what a mount generates (metadata.json,
+    .npy headers, converted chunks) and a URL's fetched blocks and read-ahead: with nothing
+    kept every read would make its piece again, and a URL's reads would get no read-ahead."""
+    size = parse_size(text)
+    if size < parse_size(MIN_CACHE_SIZE):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too small: the cache holds what the mount generates and fetches; "
+            f"give {MIN_CACHE_SIZE} or more (default {DEFAULT_CACHE_SIZE})")
+    return size
+
+
+MOUNT_DEBUG_HELP = ("log every FUSE error and debug detail (in the daemon's log), and show the "
+                    "traceback of a failure instead of one line")
+DEBUG_HELP = "show the traceback of a failure instead of one line"
+TOP_DEBUG_HELP = DEBUG_HELP + " (with mount: also log every FUSE error)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tensorfs",
                      description="Mount a safetensors or GGUF model file as a tree of tensors.")
     parser.add_argument("--version", action="version", version=f"tensorfs {__version__}")
-    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--debug", action="store_true", help=TOP_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     mount = sub.add_parser("mount", help="mount MODEL at MOUNTPOINT",
                            description="Mount MODEL read-only at MOUNTPOINT (an empty directory) "
                            "and return once the mount is live.  MODEL is " + MODEL_HELP + ".")
     mount.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory")
+    mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory, or "
+                       "/dev/fd/N: a /dev/fuse descriptor another process mounted "
+                       "(docs/containers.md)")
     mount.add_argument("--foreground", "-f", action="store_true",
                        help="stay attached; Ctrl-C or SIGTERM unmounts")
     mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
@@ -137,9 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what the mount serves: each tensor's raw bytes, its .npy view, "
                        "files/ (the model's own files, whole); default all three; du of the "
                        "mount is what cp -r of it writes")
-    mount.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
+    mount.add_argument("--cache-size", type=cache_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
-                       f"views, metadata files), e.g. 512M, 2G (default {DEFAULT_CACHE_SIZE})")
+                       "views, metadata files) and a URL's fetched blocks, e.g. 512M, 2G; "
+                       f"{MIN_CACHE_SIZE} or more (default {DEFAULT_CACHE_SIZE})")
     mount.add_argument("--workers", type=worker_count, default=None, metavar="N",
                        help="processes converting quantized tensors (default: as many as pay "
                             "on this machine, none on 2 CPUs; 0: convert in the daemon's threads)")
@@ -149,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     # a user's path is resolved here, where the command runs: the daemon works from "/"
     mount.add_argument("--log", metavar="FILE", type=os.path.abspath, help="daemon log "
                        "(default: in the runtime directory, removed after a clean unmount)")
-    mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    mount.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help=MOUNT_DEBUG_HELP)
     mount.add_argument("--from-mount-helper", action="store_true", help=argparse.SUPPRESS)
     _remote_options(mount)
     mount.add_argument("--disk-cache", metavar="DIR[:SIZE]", type=parse_disk_cache,
@@ -232,11 +307,15 @@ def _hide_secrets(args) -> None:
 
 def parse_disk_cache(text: str) -> tuple[str, int]:
     directory, sep, size = text.rpartition(":")
-    if not sep or not re.fullmatch(r"\s*\d+\s*[kKmMgGtT]?(i?[bB])?\s*", size):
+    if not sep or not re.fullmatch(r"\s*-?\d+\s*[kKmMgGtT]?(i?[bB])?\s*", size):
         directory, size = text, DEFAULT_DISK_CACHE_SIZE
     if not directory:
         raise argparse.ArgumentTypeError("--disk-cache needs a directory")
-    return os.path.abspath(directory), parse_size(size)     # from where the command runs
+    nbytes = parse_size(size)
+    if nbytes == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a disk cache of 0 bytes keeps nothing "
+                                         f"(leave --disk-cache out, or give a SIZE: DIR:10G)")
+    return os.path.abspath(directory), nbytes     # from where the command runs
 
 
 def _storage_options(args) -> dict:
@@ -273,6 +352,26 @@ def _say(what: str, text: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+
+
+def _say_usage(line: str | None) -> None:
+    if line:
+        try:
+            sys.stderr.write(printable(line) + "\n")
+        except (OSError, ValueError):
+            pass
+
+
+def _usage_of(parser, args, argv: list[str]) -> str | None:
+    """The usage line of the command a usage error belongs to (found after parsing: an
+    ``-o`` option refused, --storage-option without a URL)."""
+    if parser is None:
+        return None
+    command = getattr(args, "command", None) or next((w for w in argv if w in COMMANDS), None)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return usage_line(action.choices[command])
+    return None
 
 
 def mount_helper_argv(argv: list[str]) -> list[str] | None:
@@ -318,10 +417,11 @@ def main(argv=None) -> int:
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv = mount_helper_argv(argv) or argv
     debug = "--debug" in argv
+    parser = args = None
     try:
         parser = build_parser()
         _Parser.argv = argv
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_negative_values_joined(argv, _value_options(parser)))
         _hide_secrets(args)
         if args.command is None:
             raise UsageError("a command is required: mount, unmount, inspect, list, hash, stats or diff "
@@ -334,11 +434,17 @@ def main(argv=None) -> int:
             return cmd_list(args)
         if args.command in ("hash", "stats", "diff"):
             from tensorfs.facts_commands import main as facts_main
+            from tensorfs.facts_commands import usage_problem
 
+            problem = usage_problem(args)
+            if problem is not None:
+                raise UsageError(problem)
             options = getattr(args, "storage_options", None) or []
             return facts_main(args, _say_error, debug, [option.text for option in options])
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
+        _say_usage(_usage_of(parser, args, argv) or getattr(error, "usage", None)
+                   or (usage_line(parser) if parser is not None else None))
         _say_error(error)
         return 2
     except (ModelError, UserError, DaemonError, RuntimeDirError) as error:
@@ -398,26 +504,51 @@ def cmd_inspect(args) -> int:
 # -- mount ----------------------------------------------------------------------------------
 
 def check_mountpoint(path: str, model: str | None = None) -> str:
-    from tensorfs.runtime import mount_type
+    """The mount point as the mount is known by (resolved), or a one-line refusal that says
+    what to do.  ``/dev/fd/N`` is a /dev/fuse descriptor already mounted by a privileged
+    mounter (docs/containers.md): no directory to check, the descriptor must be open."""
+    from tensorfs.runtime import descriptor_of, mount_type
 
+    fd = descriptor_of(path)
+    if fd is not None:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            raise UserError(f"{path}: descriptor {fd} is not open (a mounter opens /dev/fuse, "
+                            f"mounts it and passes the descriptor: docs/containers.md)") from None
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(10, 229):
+            raise UserError(f"{path}: descriptor {fd} is not /dev/fuse (docs/containers.md)")
+        return path
     if mount_type(path) is not None:
         raise UserError(f"{path}: already a mount point (tensorfs unmount {path} first)")
     if not os.path.exists(path):
-        raise UserError(f"{path}: mount point does not exist")
+        raise UserError(f"{path}: mount point does not exist (mkdir -p {path} first)")
     if not os.path.isdir(path):
         if model is not None and os.path.isdir(model) and not os.listdir(model):
-            raise UserError(f"{path}: mount point is not a directory, and {model} is an empty "
+            raise UserError(f"{path}: not a directory, and {model} is an empty "
                             f"directory: the arguments look swapped (tensorfs mount MODEL "
                             f"MOUNTPOINT)")
-        raise UserError(f"{path}: mount point is not a directory" +
-                        (" (it looks like a model: tensorfs mount MODEL MOUNTPOINT)"
-                         if os.path.isfile(path) else ""))
+        raise UserError(f"{path}: not a directory: the mount point is an empty directory" +
+                        (" (this file looks like a model: tensorfs mount MODEL MOUNTPOINT)"
+                         if _looks_like_a_model(path) else ""))
     try:
         if os.listdir(path):
-            raise UserError(f"{path}: mount point is not empty")
+            raise UserError(f"{path}: mount point is not empty (mount on an empty directory)")
     except PermissionError:
         raise UserError(f"{path}: mount point is not readable") from None
     return os.path.realpath(path)
+
+
+def _looks_like_a_model(path: str) -> bool:
+    """The first bytes of a GGUF or safetensors file: only then is a file given as the mount
+    point taken for a model (a text file, an empty file, /etc/passwd are not)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    return head[:4] == b"GGUF" or (len(head) == 9 and head[8:9] == b"{"
+                                   and int.from_bytes(head[:8], "little") < 1 << 30)
 
 
 def _fsname(model_path: str) -> str:
@@ -440,8 +571,8 @@ def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     from tensorfs.fuse3 import FuseUnavailable
     from tensorfs.fusefs import serve
 
-    log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
-             len(mounted.model.tensors))
+    log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
+             plural(len(mounted.model.tensors), "tensor"))
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
@@ -468,14 +599,30 @@ def shown_source(source: str) -> str:
         return source.split("://", 1)[0] + "://…"
 
 
+def _served_files(model) -> dict:
+    """Each file the mount serves whole, by its source's path: its name in the mount and how
+    many tensors it holds (what ``list`` says of a file that changed: tensorfs.status)."""
+    counts: dict[str, int] = {}
+    for tensor in model.tensors:
+        counts[tensor.file] = counts.get(tensor.file, 0) + 1
+    files = {f.path: {"name": "files/" + os.path.basename(f.path.rstrip("/")),
+                      "tensors": counts.get(f.path, 0)} for f in model.files}
+    for companion in model.companions:
+        files.setdefault(companion.path, {"name": f"files/{companion.name}", "tensors": 0})
+    return files
+
+
 def cmd_mount(args) -> int:
     from tensorfs import daemon
     from tensorfs.cache import ByteLRU
     from tensorfs.loader import load_model
     from tensorfs.mounttree import build_mount
+    from tensorfs.runtime import descriptor_of
 
     inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
+    fuse_options(args, args.model)                  # a refused -o is a usage error: said first
     mountpoint = check_mountpoint(args.mountpoint, args.model)
+    inherited.discard(descriptor_of(mountpoint))   # /dev/fd/N: the mount itself, kept
     debug = getattr(args, "debug", False)
     log_fd = None
     if args.log is not None or not args.foreground:
@@ -497,7 +644,8 @@ def cmd_mount(args) -> int:
             if default_log:
                 os.unlink(log_path)      # nothing was logged: no mount was attempted
         raise
-    info = {"source": shown_source(str(model.source)), "tensors": len(model.tensors)}
+    info = {"source": shown_source(str(model.source)), "tensors": len(model.tensors),
+            "files": _served_files(model)}
 
     def serve(on_ready):
         _serve(mounted, mountpoint, st, options, on_ready)
@@ -515,8 +663,14 @@ def cmd_mount(args) -> int:
 
 def cmd_unmount(args) -> int:
     from tensorfs import daemon
-    from tensorfs.runtime import mount_type
+    from tensorfs.runtime import descriptor_of, mount_type
 
+    if descriptor_of(args.mountpoint) is not None:
+        pid = daemon.daemon_pid(args.mountpoint)
+        raise UserError(f"{args.mountpoint}: " + (
+            "no tensorfs daemon serves this descriptor" if pid is None else
+            f"served by daemon {pid} through a descriptor another process mounted: unmount "
+            f"the directory it mounted (umount DIR), and the daemon exits"))
     if not os.path.lexists(args.mountpoint) and mount_type(args.mountpoint) is None:
         raise UserError(f"{args.mountpoint}: no such file or directory")
     mountpoint = os.path.realpath(args.mountpoint)
@@ -549,34 +703,24 @@ def cmd_unmount(args) -> int:
 def cmd_list(args) -> int:
     import json
 
-    from tensorfs import daemon, status as statuses
+    from tensorfs import daemon
+    from tensorfs import status as statuses
     from tensorfs.runtime import tensorfs_mounts
 
-    rows = []
-    for mountpoint in tensorfs_mounts(os.geteuid()):
-        status = statuses.read(mountpoint, daemon.running) or {}
-        pid = daemon.daemon_pid(mountpoint)
-        if pid is None and status:
-            state, reason = "daemon gone", "the daemon exited: tensorfs unmount it"
-        elif pid is None or status.get("pid") != pid:
-            state, reason = "unknown", "no status in this user's runtime directory"
-            status = {}
-        else:
-            state, reason = status.get("state", "unknown"), status.get("reason")
-        rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
-                     "tensors": status.get("tensors"), "state": state, "reason": reason,
-                     "log": status.get("log")})
+    rows = statuses.listing(tensorfs_mounts(os.geteuid()), daemon.daemon_pid, daemon.running)
     if args.json:
-        sys.stdout.write(json.dumps(rows, indent=2, ensure_ascii=True) + "\n")
+        shown = [{k: v for k, v in row.items() if k != "shown"} for row in rows]
+        sys.stdout.write(json.dumps(shown, indent=2, ensure_ascii=True) + "\n")
         return 0
     if not rows:
         return 0
     table = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
     for row in rows:
-        state = row["state"] + (f": {row['reason']}" if row["reason"] else "")
         table.append(tuple(printable(str(v if v is not None else "-")) for v in
-                           (row["mountpoint"], row["source"], row["pid"], row["tensors"], state)))
-    widths = [min(60, max(len(r[i]) for r in table)) for i in range(4)]
+                           (row["mountpoint"], row["source"], row["pid"], row["tensors"],
+                            row["shown"])))
+    # every column as wide as its longest cell; STATE, the long one, last and never padded
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
     for r in table:
         sys.stdout.write("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4] + "\n")
     return 0

@@ -76,3 +76,8 @@ class SafetensorsError(ModelError):
 
 class ShardError(ModelError):
     """A set of shards that does not make one model."""
+
+
+def plural(n: int, word: str) -> str:
+    """A count and its noun as a message says it: "1 tensor", "2 tensors"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

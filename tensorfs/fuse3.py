@@ -32,6 +32,7 @@ import threading
 from typing import NamedTuple
 
 from tensorfs.mountoptions import MountOptions
+from tensorfs.runtime import descriptor_of
 
 log = logging.getLogger("tensorfs")
 
@@ -393,6 +394,7 @@ class Session:
         # reply (libfuse checks the init callback's answer after it returns, and may refuse).
         self._live = False
         self._ended = False
+        self._init_done = threading.Event()
         self._ready_lock = threading.Lock()
         self.mechanism = self._fallback = COPY
         self.splice = splice                    # offered where there is no passthrough
@@ -402,7 +404,10 @@ class Session:
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
-        st.st_mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        # Directories 0755, as a copy should be: `cp -r` keeps the modes, and a copy of 0555
+        # directories is one its owner cannot empty (rm -rf fails).  The mount stays
+        # read-only: the kernel refuses every write to it with EROFS, whatever the mode.
+        st.st_mode = (stat.S_IFDIR | 0o755) if entry.is_dir else (stat.S_IFREG | 0o444)
         st.st_nlink = entry.nlink
         st.st_size = entry.size
         st.st_blocks = (entry.size + 511) // 512
@@ -455,6 +460,7 @@ class Session:
         conn.contents.max_read = self._max_read
         self._tune_pending = self.read_ahead_kib > 0
         self.mechanism = self._choose_mechanism(conn)
+        self._init_done.set()
 
     def _choose_mechanism(self, conn) -> str:
         lib = self.lib
@@ -714,6 +720,7 @@ class Session:
                 finally:
                     with self._ready_lock:
                         self._ended = True
+                    self._init_done.set()
                     lib.fuse_session_unmount(se)
             finally:
                 lib.fuse_remove_signal_handlers(se)
@@ -733,10 +740,17 @@ class Session:
         kernel never answers from its caches, held back until INIT is done) and looks
         whether a request reached the daemon; a thread of its own, so that a single-threaded
         loop answers it."""
-        try:
-            os.listxattr(mountpoint)
-        except OSError as error:
-            log.debug("readiness probe: %s", error)
+        if descriptor_of(mountpoint) is not None:
+            # /dev/fd/N: mounted by whoever opened the descriptor, whose kernel queued INIT
+            # at mount(2); there is no path here to probe, and INIT answered is the mark.
+            self._init_done.wait()
+            with self._ready_lock:
+                self._live = self._live or not self._ended
+        else:
+            try:
+                os.listxattr(mountpoint)
+            except OSError as error:
+                log.debug("readiness probe: %s", error)
         with self._ready_lock:
             if not self._live or self._ended:
                 return

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Iterator, TextIO
 
+from tensorfs.errors import plural
 from tensorfs.errors import printable as escape
 from tensorfs.model import Model
 
@@ -27,10 +28,6 @@ MAX_NAME_COLUMN = 48        # tensor names and keys: a column no wider than this
 MAX_SHAPE_COLUMN = 24
 MAX_STRING_CHARS = 60       # a string value longer than this is cut, its length said
 ARRAY_HEAD = 5              # elements of an array shown
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
 
 def human_bytes(n: int) -> str:
     if n < 1024:

@@ -268,6 +268,7 @@ class RemoteSource:
                 mount_status.report(mount_status.SOURCE_CHANGED, f"{self.path}: {self.broken}")
             return _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
         log.error("%s: read of %d bytes at %d failed: %s", self.path, size, offset, error.message)
+        mount_status.read_failed(self.path, error.message)          # what `list` shows
         return _logged(SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset}: "
                                    f"{error.message}"))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
 
@@ -148,8 +149,21 @@ def read_file(path: str, limit: int = 1 << 16) -> bytes | None:
         os.close(fd)
 
 
+def descriptor_of(mountpoint: str) -> int | None:
+    """N when ``mountpoint`` is ``/dev/fd/N``: a /dev/fuse descriptor a privileged mounter
+    opened and mounted, handed to this process (libfuse 3.3 and later serve it as is)."""
+    match = re.fullmatch(r"/dev/fd/(\d+)", mountpoint)
+    return int(match.group(1)) if match else None
+
+
+def real_mountpoint(mountpoint: str) -> str:
+    """The path a mount is known by: resolved, but ``/dev/fd/N`` as it is (resolved, it is
+    /dev/fuse, whichever mount the descriptor belongs to)."""
+    return mountpoint if descriptor_of(mountpoint) is not None else os.path.realpath(mountpoint)
+
+
 def _stem(mountpoint: str) -> str:
-    real = os.path.realpath(mountpoint)
+    real = real_mountpoint(mountpoint)
     readable = "".join(c if c.isalnum() else "_" for c in real.strip("/"))[-60:]
     return f"{readable}-{hashlib.sha256(real.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 

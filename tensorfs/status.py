@@ -4,9 +4,11 @@ here and nowhere else.
 The serving process publishes it once the mount answers (``publish``: mount point, source,
 pid, tensor count, log, state "serving"), any source of that process may change its state
 (``report``: "source changed" with the reason its log holds; a local file changed or
-replaced under the mount, a remote object whose version changed), and the process withdraws
-it when it stops serving (``withdraw``).  ``list`` reads it (``read``), ``unmount`` forgets
-the one a killed daemon left (``forget``).  ``report`` is a no-op in a process that serves
+replaced under the mount, a remote object whose version changed), a remote source may note
+its last failed read (``read_failed``), and the process withdraws it when it stops serving
+(``withdraw``).  ``list`` reads it (``read``) and takes its rows from here (``listing``:
+the file that changed by its name in the mount and what still reads, that last failure, and
+the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).  ``report`` is a no-op in a process that serves
 no mount (``inspect``, the library), so any layer may call it.
 
 The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime``: written whole,
@@ -19,9 +21,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
+import time
 
 from tensorfs import runtime
+from tensorfs.errors import plural
 
 log = logging.getLogger("tensorfs")
 
@@ -52,15 +57,20 @@ def _write(name: str, status: dict) -> None:
         os.close(dir_fd)
 
 
-def publish(mountpoint: str, info: dict) -> None:
+def publish(mountpoint: str, info: dict, files: dict | None = None) -> None:
     """This process serves ``mountpoint`` now: its status file says so.  A failure to write
-    it is logged (the mount serves on; ``list`` will not show it)."""
+    it is logged (the mount serves on; ``list`` will not show it).  ``files``: each file
+    the mount serves whole, by its source's path: ``{"name": "files/NAME", "tensors": N}``,
+    so that a report about one says which file it is and what still reads; kept here, not
+    written (``info["files"]`` is taken for it too)."""
     global _mine
+    info = dict(info)
+    files = info.pop("files", None) or files      # the caller's info may carry them
     status = {"mountpoint": mountpoint, **info, "pid": os.getpid(), "state": SERVING,
               "reason": None}
     name = _name(mountpoint)
     with _lock:
-        _mine = {"name": name, "status": status}
+        _mine = {"name": name, "status": status, "files": dict(files or {}), "written": 0.0}
         try:
             _write(name, status)
         except runtime.RuntimeDirError as error:
@@ -68,15 +78,128 @@ def publish(mountpoint: str, info: dict) -> None:
 
 
 def report(state: str, reason: str | None = None) -> None:
-    """This process's mount is now in ``state`` ("source changed", with the reason)."""
+    """This process's mount is now in ``state`` ("source changed", with the reason: the
+    source's path, ": ", what happened).  Each distinct reason is kept, said with the file's
+    name in the mount and what still reads."""
     with _lock:
         if _mine is None:
             return
-        _mine["status"] = {**_mine["status"], "state": state, "reason": reason}
+        said = explained(reason, _mine["files"], _mine["status"].get("tensors")) \
+            if reason else None
+        problems = list(_mine["status"].get("problems") or [])
+        if said is not None and said not in problems:
+            problems.append(said)
+        _mine["status"] = {**_mine["status"], "state": state,
+                           "reason": "; ".join(problems) or None, "problems": problems}
+        _flush()
+
+
+def read_failed(path: str, message: str) -> None:
+    """A read of ``path`` (a source's path) failed for a reason other than a change (a
+    server that does not answer): ``list`` shows the last one, and when.  Written at most
+    once a second, or when the message changes: every read of a dead server fails."""
+    with _lock:
+        if _mine is None:
+            return
+        entry = _mine["files"].get(path)
+        what = f"{entry['name']}: {message}" if entry and len(_mine["files"]) > 1 else message
+        last = _mine["status"].get("last_failure") or {}
+        now = time.time()
+        _mine["status"] = {**_mine["status"], "last_failure": {"what": what, "at": now}}
+        if last.get("what") != what or now - _mine["written"] >= 1.0:
+            _flush()
+
+
+def _flush() -> None:
+    """Write this process's status (the lock held)."""
+    _mine["written"] = time.time()
+    try:
+        _write(_mine["name"], _mine["status"])
+    except runtime.RuntimeDirError as error:
+        log.warning("%s", error)
+
+
+def explained(reason: str, files: dict, total: int | None) -> str:
+    """A source's report as ``list`` says it: the file by its name in the mount, and what
+    still reads (``/m/config.json (files/config.json) changed: rewritten in place …; it
+    reads EIO, the tensors serve``).  A reason about no known file is kept as it is."""
+    path = next((p for p in sorted(files, key=len, reverse=True)
+                 if reason.startswith(p + ": ")), None)
+    if path is None:
+        return reason
+    name, count = files[path]["name"], files[path].get("tensors", 0)
+    rest = reason[len(path) + 2:]
+    if "EIO" not in rest:                         # still served as it was at mount time
+        return f"{path} ({name}): {rest}"
+    cause = re.split(r"[:;] every read", rest)[0]
+    cause = re.sub(r"^the model file (was|is) ", "", cause)
+    if not count:
+        then = "it reads EIO, the tensors serve"
+    elif total is not None and count >= total:
+        then = "it and every tensor read EIO"
+    else:
+        serving = total - count if total else 0
+        others = f", the other {plural(serving, 'tensor')} serve{'s' if serving == 1 else ''}" \
+            if serving else ""
+        then = f"it and its {plural(count, 'tensor')} read EIO{others}"
+    return f"{path} ({name}) changed: {cause}; {then}"
+
+
+def shown_state(status: dict) -> str:
+    """The STATE column of ``list``: the state, its reasons, and a URL's last failed read
+    with its local time (``serving, last read failed: cannot connect … (12:03:04)``)."""
+    state = status.get("state") or "unknown"
+    if status.get("reason"):
+        state += f": {status['reason']}"
+    failure = status.get("last_failure")
+    if isinstance(failure, dict) and failure.get("what"):
+        at = failure.get("at")
+        when = f" ({time.strftime('%H:%M:%S', time.localtime(at))})" \
+            if isinstance(at, (int, float)) else ""
+        state += f"{';' if status.get('reason') else ','} last read failed: {failure['what']}{when}"
+    return state
+
+
+def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
+    """One row per mount for ``tensorfs list``: each of ``mountpoints`` (the user's tensorfs
+    mounts in the mount table), then each ``/dev/fd/N`` mount (mounted by another process,
+    so in no mount table under that name) whose daemon runs."""
+    rows = []
+    by_descriptor = _descriptor_mounts(running)
+    for mountpoint in mountpoints + by_descriptor:
+        status = read(mountpoint, running) or {}
+        pid = pid_of(mountpoint)
+        if pid is None and status:
+            status = {**status, "state": "daemon gone",
+                      "reason": "the daemon exited: tensorfs unmount it", "last_failure": None}
+        elif pid is None or status.get("pid") != pid:
+            status = {"state": "unknown", "reason": "no status in this user's runtime directory"
+                      + (" (served through a descriptor? see the /dev/fd/N rows)"
+                         if by_descriptor else "")}
+        rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
+                     "tensors": status.get("tensors"), "state": status.get("state"),
+                     "reason": status.get("reason"),
+                     "last_failure": status.get("last_failure"), "shown": shown_state(status),
+                     "log": status.get("log")})
+    return rows
+
+
+def _descriptor_mounts(running) -> list[str]:
+    found = []
+    for directory in runtime.known_dirs():
         try:
-            _write(_mine["name"], _mine["status"])
-        except runtime.RuntimeDirError as error:
-            log.warning("%s", error)
+            names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith("dev_fd_"):
+                continue
+            status = _load(os.path.join(directory, name)) or {}
+            mountpoint, pid = status.get("mountpoint"), status.get("pid")
+            if isinstance(mountpoint, str) and runtime.descriptor_of(mountpoint) is not None \
+                    and isinstance(pid, int) and running(pid) and mountpoint not in found:
+                found.append(mountpoint)
+    return found
 
 
 def withdraw() -> None:

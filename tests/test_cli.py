@@ -10,11 +10,13 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests import safetensors_corpus
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
 from tests.models import write_gguf, write_safetensors
+from tests.support import usage_error
 
 try:
     from tests import gguf_corpus
@@ -91,6 +93,7 @@ def test_mount_point_problems(tmp_path, mount):
     (full / "x").write_text("x")
     assert "not empty" in _assert_one_error_line(run_tensorfs("mount", model, full))
     assert "not a directory" in _assert_one_error_line(run_tensorfs("mount", model, full / "x"))
+    assert "mkdir -p" in line
     mnt = mount(model)
     assert "already a mount" in _assert_one_error_line(run_tensorfs("mount", model, mnt))
 
@@ -98,7 +101,7 @@ def test_mount_point_problems(tmp_path, mount):
 def test_usage_errors_exit_2(tmp_path):
     for args in ([], ["frobnicate"], ["mount"], ["mount", "a", "b", "--cache-size", "lots"],
                  ["mount", "a", "b", "--layout", "spiral"], ["inspect"]):
-        _assert_one_error_line(run_tensorfs(*args), code=2)
+        usage_error(run_tensorfs(*args))
     assert run_tensorfs("--version").stdout.startswith("tensorfs ")
     assert run_tensorfs("--help").returncode == 0
 
@@ -181,3 +184,74 @@ def test_debug_shows_the_traceback(tmp_path):
     assert quiet.returncode == 1 and "Traceback" not in quiet.stderr
     loud = run_tensorfs("--debug", "inspect", model)
     assert loud.returncode == 1 and "Traceback" in loud.stderr and "GGUFError" in loud.stderr
+
+
+# -- messages that say what to do ------------------------------------------------------------
+
+def _usage_line_of(command: str, result) -> str:
+    line = usage_error(result)
+    assert result.stderr.splitlines()[0].startswith(f"usage: tensorfs {command} [OPTIONS] ")
+    return line
+
+
+@pytest.mark.parametrize("command,args", [
+    ("mount", ["m"]), ("mount", ["m", "d", "--frob"]), ("unmount", []),
+    ("inspect", ["m", "--json=1"]), ("list", ["extra"]), ("hash", []), ("stats", []),
+    ("diff", ["a"]), ("mount", ["m", "d", "-o", "rw"]),
+    ("inspect", ["m", "--storage-option", "a=b"]), ("stats", ["m", "--storage-option", "a=b"]),
+    ("inspect", ["https://h/m.gguf", "--timeout", "0"])])
+def test_every_usage_error_shows_the_commands_usage_line(command, args, tmp_path):
+    """Whether argparse, an -o check or a check after parsing refused it."""
+    (tmp_path / "d").mkdir()
+    _usage_line_of(command, run_tensorfs(command, *args, cwd=tmp_path))
+
+
+@pytest.mark.parametrize("words", [["--cache-size", "-5G"], ["--cache-size=-5G"],
+                                   ["--cache", "-5G"], ["--disk-cache", "/tmp/c:-1G"]])
+def test_a_negative_size_is_said_to_be_negative(words, tmp_path):
+    line = _usage_line_of("mount", run_tensorfs("mount", "m.gguf", tmp_path, *words))
+    assert "cannot be negative" in line and "expected one argument" not in line
+
+
+@pytest.mark.parametrize("words,said", [(["--cache-size", "0"], "64K or more"),
+                                        (["--cache-size", "1k"], "64K or more"),
+                                        (["--disk-cache", "/tmp/c:0"], "keeps nothing")])
+def test_a_size_too_small_to_work_is_refused_saying_why(words, said, tmp_path):
+    line = _usage_line_of("mount", run_tensorfs("mount", "m.gguf", tmp_path, *words))
+    assert said in line
+
+
+@pytest.mark.parametrize("command", ["inspect", "list", "hash", "stats", "diff", "unmount"])
+def test_debug_help_says_what_debug_does_for_that_command(command):
+    text = " ".join(run_tensorfs(command, "--help").stdout.split())
+    assert "--debug show the traceback of a failure instead of one line" in text
+    assert "FUSE" not in text.split("--debug", 1)[1].split("--", 1)[0]
+
+
+def test_mount_debug_help_names_fuse_errors():
+    text = " ".join(run_tensorfs("mount", "--help").stdout.split())
+    assert "--debug log every FUSE error" in text
+
+
+@pytest.mark.parametrize("kind", ["text", "empty", "passwd"])
+def test_a_file_as_mount_point_is_named_as_a_mount_point_problem(kind, tmp_path):
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    target = {"text": tmp_path / "notes.txt", "empty": tmp_path / "empty",
+              "passwd": "/etc/passwd"}[kind]
+    if kind == "text":
+        target.write_text("some notes\n")
+    elif kind == "empty":
+        target.write_bytes(b"")
+    line = _assert_one_error_line(run_tensorfs("mount", model, target))
+    assert line == f"tensorfs: error: {target}: not a directory: the mount point is an empty directory"
+    assert "model" not in line
+
+
+def test_a_model_as_mount_point_is_taken_for_swapped_arguments(tmp_path):
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    other = tmp_path / "n.safetensors"
+    write_safetensors(other)
+    line = _assert_one_error_line(run_tensorfs("mount", model, other))
+    assert "not a directory" in line and "looks like a model" in line

@@ -117,7 +117,7 @@ def test_unix_tools_on_the_mount(gguf_model, mount, tmp_path):
     assert len(found.stdout.split()) == len(doc["tensors"])
     st = os.stat(mnt / "header.bin")
     assert st.st_mtime_ns == os.stat(gguf_model).st_mtime_ns
-    assert st.st_mode & 0o777 == 0o444 and os.stat(mnt / "blk").st_mode & 0o777 == 0o555
+    assert st.st_mode & 0o777 == 0o444 and os.stat(mnt / "blk").st_mode & 0o777 == 0o755
     inodes = {os.stat(mnt / e["path"]).st_ino for e in doc["tensors"].values()}
     assert len(inodes) == len(doc["tensors"])
     copy = tmp_path / "copy"

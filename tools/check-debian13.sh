@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make check-debian13: the README's two commands (make demo, make test) on a fresh Debian 13.
+# make check-debian13: the README's two commands (make demo, make test) and its quick start on
+# a fresh Debian 13.
 #     tools/check-debian13.sh ROOT MIRROR
 # debootstraps trixie (minbase plus git, make, python3, python3-venv) into ROOT once, clones
 # this repository's HEAD into it (and copies ../shared beside it, as CI has it), then runs
@@ -48,6 +49,8 @@ unshare --mount --propagation private bash -euo pipefail -c '
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     ${pip_cert:+PIP_CERT=$pip_cert} \
     bash -euo pipefail -c "cd /root/tensorfs && . /etc/os-release && echo \"== \$PRETTY_NAME\" \
-      && echo \"== make demo\" && make demo && echo \"== make test\" && make test"
+      && echo \"== make demo\" && make demo \
+      && echo \"== the README quick start\" && bash tools/readme-quickstart.sh \
+      && echo \"== make test\" && make test"
 ' check-debian13 "$root" "$pip_cert"
-echo "check-debian13: make demo and make test passed on Debian 13"
+echo "check-debian13: make demo, the quick start and make test passed on Debian 13"

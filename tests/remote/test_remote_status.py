@@ -44,3 +44,23 @@ def test_list_shows_a_changed_s3_source(s3, rmount):
     assert read_errno(mnt / "w") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed" and "s3://status/model.safetensors" in row["reason"]
+
+
+def test_list_shows_a_dead_servers_last_failed_read(fresh_nginx, rmount):
+    """The server of a remote mount went away: the mount still serves what it holds, and
+    ``list`` says its last read failed, why and when (before, only the log said it)."""
+    import re
+
+    server = fresh_nginx()
+    big = np.arange(4 << 20, dtype=np.float32)          # 16 MiB: not fetched at mount
+    url = server.put("files/dead/model.safetensors", save({"w": big}))
+    mnt = rmount(url, "--timeout", "3")
+    assert _row(mnt)["last_failure"] is None
+    server.stop()
+    assert read_errno(mnt / "w", offset=big.nbytes - 4096, size=4096) == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "serving" and row["reason"] is None, row
+    assert row["last_failure"]["what"] and isinstance(row["last_failure"]["at"], float)
+    line = next(line for line in run_tensorfs("list").stdout.splitlines()
+                if line.startswith(str(mnt.resolve()) + " "))
+    assert re.search(r"  serving, last read failed: \S.* \(\d\d:\d\d:\d\d\)$", line), line

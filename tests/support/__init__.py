@@ -10,11 +10,11 @@ what tests imported from it before (``from tests.conftest import run_tensorfs`` 
   observable (``wait_for``, ``in_fuse_request``, ``waiting_on_fuse``) that replace sleeps.
 """
 
-from tests.support.commands import RUNTIME_DIR, TENSORFS, run_tensorfs
+from tests.support.commands import RUNTIME_DIR, TENSORFS, run_tensorfs, usage_error
 from tests.support.mounts import fuse_mounts_under, mounts_in
 from tests.support.processes import (EIO, alive, daemon_pid, direct_read, in_fuse_request,
                                      read_errno, wait_for, waiting_on_fuse)
 
-__all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "fuse_mounts_under", "mounts_in", "EIO",
+__all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mounts_in", "EIO",
            "alive", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",
            "waiting_on_fuse"]

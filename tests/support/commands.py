@@ -25,6 +25,17 @@ _SCRIPT = Path(sys.executable).with_name("tensorfs")
 TENSORFS = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "tensorfs"]
 
 
+def usage_error(result) -> str:
+    """The error line of a usage error: exit 2, the command's usage line, then the one error
+    line (nothing else, no traceback)."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("usage: tensorfs") and lines[1].startswith("tensorfs: error: "), lines
+    assert "Traceback" not in result.stderr
+    return lines[1]
+
+
 def run_tensorfs(*args, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([*TENSORFS, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
