@@ -334,3 +334,53 @@ def compose(model_file: ModelFile, header: bytes, source, state: EditState,
     if model_file.format == "gguf":
         return compose_gguf(model_file, header, source, state, data)
     return compose_safetensors(model_file, header, source, state, data)
+
+
+# -- a tensor's new bytes from an array --------------------------------------------------------
+
+def _bf16_bits(values) -> "np.ndarray":
+    """float32 -> bfloat16 bits, rounded to nearest even, NaN kept a quiet NaN (as torch
+    and gguf-py round)."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def encode_array(tensor: TensorInfo, array) -> bytes:
+    """``array`` stored as ``tensor`` is: same shape, the tensor's dtype and byte order
+    (quantized where gguf-py quantizes the type).  ``EditError`` (one line) otherwise."""
+    import numpy as np
+
+    from tensorfs.dtypes import native_numpy_dtype
+
+    if tuple(array.shape) != tuple(tensor.shape):
+        raise EditError(f"the array's shape is {list(array.shape)}, the tensor's "
+                        f"{list(tensor.shape)}")
+    native = native_numpy_dtype(tensor)
+    if native is not None:
+        target = np.dtype(native)
+        if array.dtype != target and not np.can_cast(array.dtype, target, "same_kind"):
+            raise EditError(f"an array of {array.dtype} cannot be stored as {tensor.dtype}")
+        data = np.ascontiguousarray(array, dtype=target).tobytes()
+    elif array.dtype.kind not in "fiu":
+        raise EditError(f"an array of {array.dtype} cannot be stored as {tensor.dtype}")
+    elif tensor.dtype == "BF16" and tensor.byte_order == "<":
+        data = _bf16_bits(array.astype(np.float32)).tobytes()
+    elif tensor.ggml_type is not None and tensor.byte_order == "<":
+        import gguf
+
+        try:
+            qtype = gguf.GGMLQuantizationType(tensor.ggml_type)
+            data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32),
+                                        qtype).tobytes()
+        except (NotImplementedError, ValueError, KeyError) as error:
+            raise EditError(f"gguf-py cannot quantize to {tensor.dtype}: {error}") from None
+    else:
+        raise EditError(f"tensors of {tensor.dtype} cannot be written from an array")
+    if len(data) != tensor.nbytes:
+        raise EditError(f"{len(data)} bytes made, the tensor holds {tensor.nbytes}")
+    return data

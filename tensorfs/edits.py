@@ -156,6 +156,46 @@ class DataFile:
             pass
 
 
+class PendingData:
+    """A replacement's bytes while they are written: a temporary file of the store."""
+
+    def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
+        self._dir_fd, self.fd, self._tmp, self.name = dir_fd, fd, tmp, name
+        self.size = 0
+
+    def pwrite(self, offset: int, data) -> int:
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        self.size = max(self.size, offset + done)
+        return done
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+    def keep(self) -> str:
+        """Fsynced and renamed into place: the name of its file."""
+        os.fsync(self.fd)
+        os.rename(self._tmp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        _fsync_dir(self._dir_fd)
+        self._tmp = None
+        return self.name
+
+    def drop(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+            self._tmp = None
+
+
 class EditStore:
     """The edits of one model in ``directory``/``ROOT``.  ``state`` is the current
     ``EditState``; ``commit`` replaces it (and the journal) at once."""
@@ -304,6 +344,15 @@ class EditStore:
         name = f"data-{os.urandom(16).hex()}.bin"
         self._write(self._fd, name, data)
         return name
+
+    def new_data(self) -> "PendingData":
+        """A replacement being written (a tensor's raw file open for writing): kept by
+        ``PendingData.keep``, or dropped."""
+        name = f"data-{os.urandom(16).hex()}.bin"
+        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=self._fd)
+        return PendingData(self._fd, fd, tmp, name)
 
     def data(self, name: str) -> DataFile:
         """A replacement's bytes, open (kept open for the store's life)."""

@@ -78,6 +78,7 @@ class Entry(NamedTuple):
     size: int | None
     nlink: int
     mtime_ns: int | None = None
+    writable: bool = False          # an editable mount's file or directory: the owner may write
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
@@ -172,6 +173,16 @@ class FuseBufvec(ctypes.Structure):
                 ("buf", FuseBuf * 1)]
 
 
+class FuseCtx(ctypes.Structure):
+    """struct fuse_ctx: who sent a request."""
+    _fields_ = [("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("pid", ctypes.c_int32),
+                ("umask", ctypes.c_uint32)]
+
+
+# fuse_lowlevel.h: which attributes a SETATTR sets
+FUSE_SET_ATTR_MODE, FUSE_SET_ATTR_UID, FUSE_SET_ATTR_GID, FUSE_SET_ATTR_SIZE = 1, 2, 4, 8
+
+
 class FuseArgs(ctypes.Structure):
     _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)),
                 ("allocated", ctypes.c_int)]
@@ -198,6 +209,19 @@ CALLBACK_TYPES = {
     "statfs": ctypes.CFUNCTYPE(None, req_t, ino_t),
     "getxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_size_t),
     "listxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t),
+    # an editable mount's (--edits): writes, new files, removals, renames
+    "setattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_int, fi_p),
+    "unlink": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
+    "rmdir": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
+    "rename": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ino_t, ctypes.c_char_p,
+                               ctypes.c_uint),
+    "write": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_int64, fi_p),
+    "flush": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
+    "release": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
+    "create": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_uint32, fi_p),
+    "setxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_void_p,
+                                 ctypes.c_size_t, ctypes.c_int),
 }
 
 
@@ -261,6 +285,9 @@ def _load():
     if hasattr(lib, "fuse_set_feature_flag"):            # 3.17.3 on (an inline before)
         fn("fuse_set_feature_flag", ctypes.c_bool, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
     fn("fuse_reply_statfs", ctypes.c_int, P, ctypes.POINTER(Statvfs))
+    fn("fuse_reply_write", ctypes.c_int, P, sz)
+    fn("fuse_reply_create", ctypes.c_int, P, ctypes.POINTER(EntryParam), P)
+    fn("fuse_req_ctx", ctypes.POINTER(FuseCtx), P)
     fn("fuse_reply_xattr", ctypes.c_int, P, sz)
     fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)
     fn("fuse_add_direntry_plus", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(EntryParam), i64)
@@ -373,8 +400,9 @@ class Session:
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
-                 errno_of=lambda exc: errno.EIO, splice: bool = False):
+                 errno_of=lambda exc: errno.EIO, splice: bool = False, editable: bool = False):
         self.fs = fs
+        self.editable = editable            # --edits: the write handlers below are installed
         self.lib = libfuse()
         self.errno_of = errno_of
         self.attr_timeout, self.entry_timeout = attr_timeout, entry_timeout
@@ -403,6 +431,8 @@ class Session:
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
         st.st_mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        if entry.writable:
+            st.st_mode |= 0o200
         st.st_nlink = entry.nlink
         st.st_size = entry.size
         st.st_blocks = (entry.size + 511) // 512
@@ -661,6 +691,107 @@ class Session:
         names = self.fs.listxattr(ino)
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
+    # -- an editable mount (--edits) ------------------------------------------------------------
+    def _edit_handlers(self) -> dict:
+        """Opens with a handle (a reader's snapshot, a writer's buffer), reads through it, and
+        the calls that change the tree.  Every change is checked against the mount's owner:
+        under allow_other another user may read, never edit."""
+        g = self._guarded
+        return {"open": g(self._open_editable), "read": g(self._read_editable),
+                "write": g(self._write), "flush": g(self._flush), "release": g(self._release),
+                "create": g(self._create), "setattr": g(self._setattr),
+                "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
+                "setxattr": g(self._setxattr)}
+
+    def _owner_only(self, req) -> None:
+        ctx = self.lib.fuse_req_ctx(req)
+        if not ctx or ctx.contents.uid != os.geteuid():
+            raise FsError(errno.EACCES)
+
+    def _open_editable(self, req, ino, fi):
+        """No page cache kept across opens (an edit changes what a file holds), no backing
+        file (a composed file has none); a file opened for writing is flushed on close,
+        where its edit takes effect."""
+        info = ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents
+        if info.flags & os.O_ACCMODE != os.O_RDONLY:
+            self._owner_only(req)
+            info.fh = self.fs.open_write(ino, bool(info.flags & os.O_TRUNC))
+            info._bits &= ~(FI_KEEP_CACHE | FI_NOFLUSH)
+        else:
+            info.fh = self.fs.open_read(ino)
+            info._bits = (info._bits & ~FI_KEEP_CACHE) | FI_NOFLUSH
+        self.lib.fuse_reply_open(req, ctypes.cast(fi, ctypes.POINTER(FileInfo)))
+
+    @staticmethod
+    def _fh(fi) -> int:
+        return ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents.fh if fi else 0
+
+    def _read_editable(self, req, ino, size, offset, fi):
+        buf = self._take_buffer(size)
+        try:
+            n = self.fs.read_handle(ino, self._fh(fi), offset, memoryview(buf).cast("B")[:size])
+            self.lib.fuse_reply_buf(req, buf, n)
+        finally:
+            with self._buffers_lock:
+                if len(self._buffers) < 8:
+                    self._buffers.append(buf)
+
+    def _write(self, req, ino, data, size, offset, fi):
+        n = self.fs.write(ino, self._fh(fi), offset, ctypes.string_at(data, size))
+        self.lib.fuse_reply_write(req, n)
+
+    def _flush(self, req, ino, fi):
+        self.fs.flush(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _release(self, req, ino, fi):
+        self.fs.release(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _create(self, req, parent, name, mode, fi):
+        self._owner_only(req)
+        entry, fh = self.fs.create(parent, name.decode("utf-8", "surrogateescape"))
+        info = ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents
+        info.fh = fh
+        info._bits &= ~(FI_KEEP_CACHE | FI_NOFLUSH)
+        self.lib.fuse_reply_create(req, self._entry_param(entry), fi)
+
+    def _setattr(self, req, ino, attr, to_set, fi):
+        if to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID):
+            raise FsError(errno.EPERM)
+        if to_set & FUSE_SET_ATTR_SIZE:
+            self._owner_only(req)
+            size = ctypes.cast(attr, ctypes.POINTER(Stat)).contents.st_size
+            self.fs.truncate(ino, size, self._fh(fi))
+        # times are the mount's: a request to set them is answered, not kept
+        st = Stat()
+        self._fill_stat(st, self.fs.getattr(ino, self._fh(fi)))
+        self.lib.fuse_reply_attr(req, st, self.attr_timeout)
+
+    def _unlink(self, req, parent, name):
+        self._owner_only(req)
+        self.fs.unlink(parent, name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _rmdir(self, req, parent, name):
+        self._owner_only(req)
+        self.fs.rmdir(parent, name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _rename(self, req, parent, name, new_parent, new_name, flags):
+        self._owner_only(req)
+        if flags:                           # RENAME_EXCHANGE, RENAME_NOREPLACE ...
+            raise FsError(errno.EINVAL)
+        self.fs.rename(parent, name.decode("utf-8", "surrogateescape"), new_parent,
+                       new_name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _setxattr(self, req, ino, name, value, size, flags):
+        self._owner_only(req)
+        self.fs.setxattr(ino, name.decode("utf-8", "surrogateescape"),
+                         ctypes.string_at(value, size))
+        self.lib.fuse_reply_err(req, 0)
+
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, mountpoint: str, options: MountOptions, on_ready=None) -> None:
         """Mount at ``mountpoint`` (a resolved path), call ``on_ready()`` once the mount
@@ -682,6 +813,8 @@ class Session:
                     "statfs": self._guarded(self._statfs),
                     "getxattr": self._guarded(self._getxattr),
                     "listxattr": self._guarded(self._listxattr)}
+        if self.editable:
+            handlers.update(self._edit_handlers())
         self._callbacks = {name: CALLBACK_TYPES[name](fn) for name, fn in handlers.items()}
         ops = (ctypes.c_void_p * len(OPS_SLOTS))()
         for name, cb in self._callbacks.items():
