@@ -329,7 +329,7 @@ class Editor:
                 handle.type_name = node.xattrs[TYPE_XATTR].decode()
                 if not truncate:
                     handle.buf = bytearray(node.view.read(0, size))
-                return handle
+                return self._truncated(handle, truncate)
             original = self._original(node)
             if original is None:
                 raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
@@ -337,15 +337,21 @@ class Editor:
             t = self._by_name[original]
             if self._is_raw(node):
                 handle = Handle("raw", node, t.nbytes)
-                handle.pending = self.store.new_data()
-                if not truncate:
-                    self._copy_into(node.view, handle.pending)
+                if truncate:
+                    handle.pending = self.store.new_data()
             else:
                 handle = Handle("npy", node, t.n_elements * 8 + NPY_SLACK)
                 if not truncate:
                     handle.buf = bytearray(node.view.read(0, node.view.size))
             handle.tensor = original
-            return handle
+            return self._truncated(handle, truncate)
+
+    @staticmethod
+    def _truncated(handle: Handle, truncate: bool) -> Handle:
+        """Opened with O_TRUNC: the file is empty now, and closing it is an edit (``cp
+        /dev/null metadata/KEY`` sets the empty string) even with nothing written."""
+        handle.dirty = truncate
+        return handle
 
     @staticmethod
     def _copy_into(view, pending) -> None:
