@@ -367,6 +367,9 @@ def test_new_keys_string_by_default_typed_by_xattr(tmp_path, llama_model, mount)
     fields = gguf_fields(mnt / "files" / "model.gguf")
     assert fields["my.string"][0] == "hello"
     assert fields["my.count"] == (-5, [GV.INT32])
+    # an O_TRUNC open with nothing written sets the empty string
+    assert _sh(f"cp /dev/null {mnt}/metadata/my.string").returncode == 0
+    assert gguf_fields(mnt / "files" / "model.gguf")["my.string"][0] == ""
     # a new key whose text does not read as its type is not made
     fd = os.open(mnt / "metadata" / "my.bad", os.O_CREAT | os.O_WRONLY, 0o644)
     os.setxattr(fd, "user.tensorfs.type", b"uint8")
@@ -380,10 +383,13 @@ def test_tensor_raw_file_overwritten_at_its_size_only(tmp_path, llama_model, mou
     mnt = mount(llama_model, "--edits", tmp_path / "fixes")
     raw = mnt / "token_embd" / "weight"
     size = raw.stat().st_size
+    fd = os.open(raw, os.O_WRONLY | os.O_TRUNC)
     with pytest.raises(OSError) as caught:
-        with open(raw, "wb") as f:
-            f.write(bytes(size + 1))
-    assert caught.value.errno == 27                     # EFBIG
+        os.write(fd, bytes(size + 1))
+    assert caught.value.errno == 27                     # EFBIG: a write past the end
+    with pytest.raises(OSError) as caught:
+        os.close(fd)
+    assert caught.value.errno == 22                     # and nothing of its size was written
     with pytest.raises(OSError) as caught:
         with open(raw, "wb") as f:
             f.write(bytes(size - 4))
