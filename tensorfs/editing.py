@@ -17,6 +17,7 @@ errors are ``EditRefused(errno, why)``: the why is logged, the errno answered.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import itertools
@@ -109,7 +110,10 @@ class Editor:
         self.lock = threading.RLock()
         self.mtime_ns = time.time_ns()
         self.version = itertools.count(1)
-        self.on_change = None                       # set by the FUSE adapter
+        # set by the FUSE adapter: called with the nodes an edit changed, after the edit
+        self.on_change = None
+        self._changed: list = []
+        self._depth = 0
         self._composed: tuple[EditState, ComposedFile] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
@@ -135,6 +139,25 @@ class Editor:
                 self.whole_file.view = ComposedView(self)
         self._replay(store.state)
         self._refresh_generated()
+
+    @contextlib.contextmanager
+    def _editing(self):
+        """One change at a time; afterwards the FUSE adapter is told what changed (so that
+        the kernel drops what it cached of those files and directories)."""
+        with self.lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    changed, self._changed = self._changed, []
+                    if changed and self.on_change is not None:
+                        nodes = {id(n): n for n in changed if n is not None}
+                        self.on_change(list(nodes.values()))
+
+    def _touch(self, *nodes) -> None:
+        self._changed.extend(nodes)
 
     # -- the edited model --------------------------------------------------------------------
     @property
@@ -167,8 +190,7 @@ class Editor:
         self.store.commit(state)
         self.mtime_ns = time.time_ns()
         self._refresh_generated()
-        if self.on_change is not None:
-            self.on_change()
+        self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.whole_file)
 
     def _refresh_generated(self) -> None:
         if self.metadata_json is None:
@@ -237,6 +259,7 @@ class Editor:
         for n in (node, sibling):
             if n is not None:
                 n.view = raw if self._is_raw(n) else view
+                self._touch(n)
 
     def _place_dir(self, path: str) -> DirNode:
         node = self.tree.root
@@ -246,6 +269,7 @@ class Editor:
             child = node.children.get(part)
             if child is None:
                 child = node.children[part] = self.tree.new_node(directory=True)
+                self._touch(node)
             elif not isinstance(child, DirNode):
                 raise EditRefused(errno.EEXIST, f"{'/'.join(done)}: is a file")
             self._dir_paths.setdefault(child.ino, "/".join(done))
@@ -289,6 +313,7 @@ class Editor:
                 raise EditRefused(errno.EEXIST, f"{target}: exists already")
             parent.children[leaf] = node
             self._tensor_of[node.ino] = original
+            self._touch(parent)
 
     def _show_key(self, key: str, typed) -> None:
         children = self.meta_dir.children
@@ -309,10 +334,11 @@ class Editor:
             node.view = view
         node.xattrs = {TYPE_XATTR: typed[0].encode()}
         self._key_of[node.ino] = key
+        self._touch(node, self.meta_dir)
 
     # -- opening for writing -----------------------------------------------------------------
     def open_write(self, node, truncate: bool) -> Handle:
-        with self.lock:
+        with self._editing():
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, "a directory")
             pending = self._creating.get(node.ino)
@@ -364,7 +390,7 @@ class Editor:
             at += len(data)
 
     def create(self, parent, name: str) -> tuple[FileNode, Handle]:
-        with self.lock:
+        with self._editing():
             if parent is not self.meta_dir:
                 raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
             if name in parent.children:
@@ -379,8 +405,7 @@ class Editor:
             handle = Handle("metadata", node, MAX_METADATA_TEXT)
             handle.key, handle.type_name, handle.created, handle.dirty = key, "string", True, True
             self._creating[node.ino] = handle
-            if self.on_change is not None:
-                self.on_change()
+            self._touch(parent)
             return node, handle
 
     # -- writing -----------------------------------------------------------------------------
@@ -423,7 +448,7 @@ class Editor:
 
     def set_type(self, node, type_name: str) -> None:
         """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
-        with self.lock:
+        with self._editing():
             if not _valid_type(type_name, self.model_file.format):
                 raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
             pending = self._creating.get(node.ino)
@@ -445,7 +470,7 @@ class Editor:
     def flush(self, handle: Handle) -> None:
         if not handle.dirty:
             return
-        with self.lock:
+        with self._editing():
             if handle.kind == "metadata":
                 self._flush_metadata(handle)
             elif handle.kind == "raw":
@@ -511,7 +536,7 @@ class Editor:
         self._set_views(handle.node, handle.tensor, data_name)
 
     def release(self, handle: Handle) -> None:
-        with self.lock:
+        with self._editing():
             if handle.pending is not None:
                 handle.pending.drop()
             if handle.created and self._creating.get(handle.node.ino) is handle:
@@ -520,12 +545,11 @@ class Editor:
                 for name, node in list(self.meta_dir.children.items()):
                     if node is handle.node:
                         del self.meta_dir.children[name]
-                if self.on_change is not None:
-                    self.on_change()
+                self._touch(self.meta_dir)
 
     # -- removing and renaming ---------------------------------------------------------------
     def unlink(self, parent, name: str) -> None:
-        with self.lock:
+        with self._editing():
             node = parent.children.get(name)
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
@@ -534,6 +558,7 @@ class Editor:
             if node.ino in self._creating:
                 del self._creating[node.ino]
                 del parent.children[name]
+                self._touch(parent)
                 return
             key = self._key_of.get(node.ino)
             if key is not None and parent is self.meta_dir:
@@ -551,11 +576,10 @@ class Editor:
                 for leaf, child in list(parent.children.items()):
                     if child is n:
                         del parent.children[leaf]
-            if self.on_change is not None:
-                self.on_change()
+            self._touch(parent)
 
     def rmdir(self, parent, name: str) -> None:
-        with self.lock:
+        with self._editing():
             node = parent.children.get(name)
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
@@ -567,11 +591,10 @@ class Editor:
             if node.children:
                 raise EditRefused(errno.ENOTEMPTY, name)
             del parent.children[name]
-            if self.on_change is not None:
-                self.on_change()
+            self._touch(parent)
 
     def rename(self, parent, name: str, new_parent, new_name: str) -> None:
-        with self.lock:
+        with self._editing():
             node = parent.children.get(name)
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
@@ -583,8 +606,7 @@ class Editor:
                 raise EditRefused(errno.EPERM, "rename the tensors of a directory one by one")
             else:
                 self._rename_tensor(node, parent, new_parent, new_name)
-            if self.on_change is not None:
-                self.on_change()
+            self._touch(parent, new_parent)
 
     def _rename_key(self, node, name: str, new_name: str) -> None:
         key = self._key_of.get(node.ino)

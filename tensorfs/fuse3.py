@@ -288,6 +288,7 @@ def _load():
     fn("fuse_reply_write", ctypes.c_int, P, sz)
     fn("fuse_reply_create", ctypes.c_int, P, ctypes.POINTER(EntryParam), P)
     fn("fuse_req_ctx", ctypes.POINTER(FuseCtx), P)
+    fn("fuse_lowlevel_notify_inval_inode", ctypes.c_int, P, ctypes.c_uint64, i64, i64)
     fn("fuse_reply_xattr", ctypes.c_int, P, sz)
     fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)
     fn("fuse_add_direntry_plus", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(EntryParam), i64)
@@ -426,6 +427,7 @@ class Session:
         self.splice = splice                    # offered where there is no passthrough
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
+        self._se = None                         # the session, while serving (invalidate)
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -703,6 +705,15 @@ class Session:
                 "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
                 "setxattr": g(self._setxattr)}
 
+    def invalidate(self, ino: int) -> None:
+        """Tell the kernel to drop the attributes and cached pages (a directory's: its
+        listing) of ``ino``: an edit changed it.  Said synchronously, from the request that
+        made the edit (the kernel holds no page or attribute lock of another inode while
+        it waits for the answer)."""
+        se = self._se
+        if se:
+            self.lib.fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+
     def _owner_only(self, req) -> None:
         ctx = self.lib.fuse_req_ctx(req)
         if not ctx or ctx.contents.uid != os.geteuid():
@@ -837,6 +848,7 @@ class Session:
             previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
             if lib.fuse_set_signal_handlers(se) != 0:
                 raise FuseUnavailable("could not install the FUSE signal handlers")
+            self._se = se
             try:
                 if lib.fuse_session_mount(se, mountpoint.encode("utf-8", "surrogateescape")) != 0:
                     raise FuseUnavailable(_libfuse_said["error"] or f"{mountpoint}: mount failed")
@@ -852,6 +864,7 @@ class Session:
                 lib.fuse_remove_signal_handlers(se)
                 signal.signal(signal.SIGINT, previous)
         finally:
+            self._se = None
             lib.fuse_session_destroy(se)
         # The loop returns 0 (unmounted), the signal that ended it, or -errno.
         if code < 0 or (code == 0 and not self._live):

@@ -46,13 +46,18 @@ class TensorFS:
         # it holds are dropped at every change
         self.editor = editor
         self._handles: dict[int, object] = {}
+        self.invalidate = None          # Session.invalidate, once serving
         self._next_handle = itertools.count(1)
         if editor is not None:
             editor.on_change = self._changed
 
-    def _changed(self) -> None:
+    def _changed(self, nodes) -> None:
+        """An edit changed ``nodes``: what this adapter and the kernel keep of them goes."""
         self._nlink = {}
         self._listings = {}
+        if self.invalidate is not None:
+            for node in nodes:
+                self.invalidate(node.ino)
 
     # -- the one errno mapping -----------------------------------------------------------------
     @staticmethod
@@ -246,12 +251,13 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     once (``tensorfs.mountoptions``); the timeouts and the thread count are answered here,
     ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
     fs = TensorFS(tree, editor)
-    # an edited tree changes under the kernel: it keeps no attributes, names or misses
-    # (``editor``: an editable mount, --edits)
+    # an edited tree changes under the kernel: it keeps no names or misses, and the
+    # attributes and pages of what an edit changed are dropped (``editor``: --edits)
     timeouts = (options.attr_timeout, options.entry_timeout, options.negative_timeout) \
-        if editor is None else (0.0, 0.0, 0.0)
+        if editor is None else (options.attr_timeout, 0.0, 0.0)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
                       attr_timeout=timeouts[0], entry_timeout=timeouts[1],
                       negative_timeout=timeouts[2], editable=editor is not None)
+    fs.invalidate = session.invalidate
     session.serve(mountpoint, options, on_ready=on_ready)
