@@ -23,8 +23,11 @@ from __future__ import annotations
 import bisect
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+
+import numpy as np
 
 from tensorfs.dtypes import GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
 from tensorfs.edits import EditState
@@ -338,11 +341,9 @@ def compose(model_file: ModelFile, header: bytes, source, state: EditState,
 
 # -- a tensor's new bytes from an array --------------------------------------------------------
 
-def _bf16_bits(values) -> "np.ndarray":
+def _bf16_bits(values) -> np.ndarray:
     """float32 -> bfloat16 bits, rounded to nearest even, NaN kept a quiet NaN (as torch
     and gguf-py round)."""
-    import numpy as np
-
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
@@ -353,8 +354,6 @@ def _bf16_bits(values) -> "np.ndarray":
 def encode_array(tensor: TensorInfo, array) -> bytes:
     """``array`` stored as ``tensor`` is: same shape, the tensor's dtype and byte order
     (quantized where gguf-py quantizes the type).  ``EditError`` (one line) otherwise."""
-    import numpy as np
-
     from tensorfs.dtypes import native_numpy_dtype
 
     if tuple(array.shape) != tuple(tensor.shape):

@@ -26,13 +26,28 @@ import re
 import threading
 import time
 
-from tensorfs.compose import ComposedFile, EditError, compose, edited_tensors, encode_array
+from tensorfs.compose import (
+    ComposedFile,
+    EditError,
+    compose,
+    edited_tensors,
+    encode_array,
+)
 from tensorfs.edits import EditState, EditStore, TensorEdit
-from tensorfs.metadata_files import (DIRECTORY, SCALAR_TYPES, TextError, is_array,
-                                     metadata_file_name, metadata_view, parse_text,
-                                     render_lines, scalar_text)
+from tensorfs.metadata_files import (
+    DIRECTORY,
+    SCALAR_TYPES,
+    TextError,
+    is_array,
+    metadata_file_name,
+    metadata_view,
+    parse_text,
+    render_lines,
+    scalar_text,
+)
 from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
+from tensorfs.mounttree import TENSOR_VIEWS, TensorXattrs, describe
 from tensorfs.namespace import DirNode, FileNode, tensor_paths
 from tensorfs.plan import plan_view
 from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView
@@ -131,6 +146,7 @@ class Editor:
         files = self.tree.lookup("/files")
         if files is not None:
             import os
+
             from tensorfs.namespace import entry_name
 
             self.whole_file = files.children.get(entry_name(os.path.basename(
@@ -195,8 +211,6 @@ class Editor:
     def _refresh_generated(self) -> None:
         if self.metadata_json is None:
             return
-        from tensorfs.mounttree import TENSOR_VIEWS, describe
-
         version = next(self.version)
 
         def produce():
@@ -258,7 +272,10 @@ class Editor:
         sibling = self._sibling(node)
         for n in (node, sibling):
             if n is not None:
-                n.view = raw if self._is_raw(n) else view
+                is_raw = self._is_raw(n)
+                n.view = raw if is_raw else view
+                # the raw file's sha256 is of its bytes now, not of the model's
+                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None)
                 self._touch(n)
 
     def _place_dir(self, path: str) -> DirNode:
@@ -709,4 +726,4 @@ def text_of(value) -> bytes:
     return scalar_text(value.value())
 
 
-__all__ = ["Editor", "EditRefused", "ComposedView", "TYPE_XATTR", "edited_tensors"]
+__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "edited_tensors"]

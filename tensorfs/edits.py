@@ -71,17 +71,17 @@ class EditState:
     def empty(self) -> bool:
         return not self.metadata and not self.tensors
 
-    def with_metadata(self, key: str, typed: tuple[str, object] | None) -> "EditState":
+    def with_metadata(self, key: str, typed: tuple[str, object] | None) -> EditState:
         metadata = dict(self.metadata)
         metadata[key] = typed
         return EditState(metadata, self.tensors)
 
-    def without_metadata(self, key: str) -> "EditState":
+    def without_metadata(self, key: str) -> EditState:
         metadata = dict(self.metadata)
         metadata.pop(key, None)
         return EditState(metadata, self.tensors)
 
-    def with_tensor(self, original: str, edit: TensorEdit | None) -> "EditState":
+    def with_tensor(self, original: str, edit: TensorEdit | None) -> EditState:
         tensors = dict(self.tensors)
         if edit is None:
             tensors.pop(original, None)
@@ -95,7 +95,7 @@ class EditState:
                 "tensors": {k: {"name": e.name, "data": e.data} for k, e in self.tensors.items()}}
 
     @staticmethod
-    def from_json(doc: dict) -> "EditState":
+    def from_json(doc: dict) -> EditState:
         metadata = {k: (None if v is None else (v["type"], v["value"]))
                     for k, v in doc.get("metadata", {}).items()}
         tensors = {k: TensorEdit(v.get("name"), v.get("data"))
@@ -345,7 +345,7 @@ class EditStore:
         self._write(self._fd, name, data)
         return name
 
-    def new_data(self) -> "PendingData":
+    def new_data(self) -> PendingData:
         """A replacement being written (a tensor's raw file open for writing): kept by
         ``PendingData.keep``, or dropped."""
         name = f"data-{os.urandom(16).hex()}.bin"

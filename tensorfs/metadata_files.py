@@ -30,8 +30,9 @@ cursor continues where the last block ended, see ``tensorfs.views.GeneratedView`
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Hashable
+from collections.abc import Hashable
 
 from tensorfs.cache import ByteLRU
 from tensorfs.metadata_json import json_line
@@ -201,7 +202,7 @@ def _element(text: str, type_name: str):
             value = float(word)
         except ValueError:
             raise TextError(f"{word[:40]!r} is not a number") from None
-        if value != value:
+        if math.isnan(value):
             return "nan"
         if type_name == "float32":
             import numpy as np
@@ -233,16 +234,13 @@ def parse_text(type_name: str, data: bytes):
     content less one final newline; an array is one element per line.  ``TextError`` (one
     line) when the text is not a value of that type."""
     if type_name == "string":
-        if data.endswith(b"\n"):
-            data = data[:-1]
-        return data.decode("utf-8", "surrogateescape")
+        return data.removesuffix(b"\n").decode("utf-8", "surrogateescape")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise TextError("the text is not UTF-8") from None
     if not type_name.startswith("array["):
-        if text.endswith("\n"):
-            text = text[:-1]
+        text = text.removesuffix("\n")
         if "\n" in text:
             raise TextError(f"a {type_name} is one line")
         return _element(text, type_name)
@@ -251,9 +249,7 @@ def parse_text(type_name: str, data: bytes):
         raise TextError(f"an {type_name} of mixed element types cannot be written")
     if not text:
         return []
-    if text.endswith("\n"):
-        text = text[:-1]
-    lines = text.split("\n")
+    lines = text.removesuffix("\n").split("\n")
     if inner == "string":
         import codecs
         out = []

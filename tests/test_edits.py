@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,7 +42,7 @@ def write_gguf(path, kvs, tensors, endian=gguf.GGUFEndian.LITTLE, alignment=None
         writer.add_key_value(key, value, vtype, sub_type=sub)
     for name, array in tensors.items():
         if isinstance(array, tuple):
-            data, shape, qtype = array
+            data, _, qtype = array
             writer.add_tensor(name, data, raw_dtype=qtype)
         else:
             writer.add_tensor(name, array)
@@ -174,7 +173,7 @@ def _same_safetensors(path, reference):
     with safe_open(str(path), "np") as got, safe_open(str(reference), "np") as want:
         assert got.metadata() == want.metadata()
         assert sorted(got.keys()) == sorted(want.keys())
-        for name in want.keys():
+        for name in want.keys():  # noqa: SIM118 (a safe_open handle is no dict)
             a, b = got.get_tensor(name), want.get_tensor(name)
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -271,7 +270,8 @@ def llama_model(tmp_path):
 
 
 def _sh(command: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, **kwargs)
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=False,
+                          **kwargs)
 
 
 def test_the_issue_commands_edit_the_served_model(tmp_path, llama_model, mount):
@@ -341,14 +341,12 @@ def test_text_that_does_not_parse_fails_close_and_the_value_stays(tmp_path, llam
     mnt = mount(llama_model, "--edits", tmp_path / "fixes")
     eos = mnt / "metadata" / "tokenizer.ggml.eos_token_id"
     for bad in ("two\n", "-1\n", f"{2**32}\n", "1\n2\n"):
-        with pytest.raises(OSError) as caught:
-            with open(eos, "w") as f:
-                f.write(bad)
+        with pytest.raises(OSError) as caught, open(eos, "w") as f:
+            f.write(bad)
         assert caught.value.errno == 22
         assert eos.read_text() == "1\n"
-    with pytest.raises(OSError) as caught:
-        with open(mnt / "metadata" / "test.scores", "w") as f:
-            f.write("0.5\nlots\n")
+    with pytest.raises(OSError) as caught, open(mnt / "metadata" / "test.scores", "w") as f:
+        f.write("0.5\nlots\n")
     assert caught.value.errno == 22
     (mnt / "metadata" / "test.scores").write_text("1.5\n2\n-inf\n")
     assert gguf_fields(mnt / "files" / "model.gguf")["test.scores"][0] == [1.5, 2.0, float("-inf")]
@@ -390,9 +388,8 @@ def test_tensor_raw_file_overwritten_at_its_size_only(tmp_path, llama_model, mou
     with pytest.raises(OSError) as caught:
         os.close(fd)
     assert caught.value.errno == 22                     # and nothing of its size was written
-    with pytest.raises(OSError) as caught:
-        with open(raw, "wb") as f:
-            f.write(bytes(size - 4))
+    with pytest.raises(OSError) as caught, open(raw, "wb") as f:
+        f.write(bytes(size - 4))
     assert caught.value.errno == 22
     new = np.arange(48, dtype=np.float32).reshape(6, 8)
     raw.write_bytes(new.tobytes())
@@ -458,9 +455,10 @@ def test_a_daemon_killed_mid_edit_leaves_the_old_value(tmp_path, llama_model, mo
     mnt = mount(llama_model, "--edits", edits)
     pid = daemon_pid(mnt)
     writer = subprocess.Popen(
-        ["python3", "-c", "import sys, time\n"
-         f"f = open({str(mnt / 'metadata' / 'general.name')!r}, 'w')\n"
-         "f.write('half'); f.flush(); print('written', flush=True); time.sleep(60)"],
+        ["python3", "-c", ("import sys, time\n"
+                           f"f = open({str(mnt / 'metadata' / 'general.name')!r}, 'w')\n"
+                           "f.write('half'); f.flush(); print('written', flush=True); "
+                           "time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline() == "written\n"
@@ -469,7 +467,7 @@ def test_a_daemon_killed_mid_edit_leaves_the_old_value(tmp_path, llama_model, mo
     finally:
         writer.kill()
         writer.wait()
-    subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
+    subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, check=False)
     again = mount(llama_model, "--edits", edits)
     assert (again / "metadata" / "general.name").read_text() == "tiny\n"
     assert not [p for p in (edits / "tensorfs-edits.v1").iterdir() if p.name.endswith(".tmp")]
