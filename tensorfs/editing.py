@@ -21,7 +21,9 @@ import contextlib
 import errno
 import io
 import itertools
+import json
 import logging
+import os
 import re
 import threading
 import time
@@ -48,7 +50,7 @@ from tensorfs.metadata_files import (
 from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
 from tensorfs.mounttree import TENSOR_VIEWS, TensorXattrs, describe
-from tensorfs.namespace import DirNode, FileNode, tensor_paths
+from tensorfs.namespace import DirNode, FileNode, entry_name, tensor_paths
 from tensorfs.plan import plan_view
 from tensorfs.views import ConvertedView, GeneratedView, NpyView, RawView
 
@@ -107,16 +109,19 @@ class Handle:
 
 
 class Editor:
-    """The edits of one mounted single-file model, applied to its tree."""
+    """The edits of one mounted model (one file, shards or splits), applied to its tree."""
 
     def __init__(self, mounted, store: EditStore, layout: str):
         model = mounted.model
-        if len(model.files) != 1 or model.sharded:
-            raise EditError("--edits: only a model of one file can be edited (not shards)")
         self.model = model
+        self.files = model.files
+        # the file whose metadata metadata/ shows and edits: the one file, or a split
+        # GGUF's first (its KVs are the model's); a sharded safetensors model shows its
+        # index's metadata, which is not edited here
         self.model_file = model.files[0]
-        self.source = mounted.sources[self.model_file.path]
-        self.header = self.source.read(0, self.model_file.header_size)
+        self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
+        self.sources = {f.path: mounted.sources[f.path] for f in model.files}
+        self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
         self.tree = mounted.tree
         self.cache = mounted.cache
         self.pool = mounted.pool
@@ -129,32 +134,65 @@ class Editor:
         self.on_change = None
         self._changed: list = []
         self._depth = 0
-        self._composed: tuple[EditState, ComposedFile] | None = None
+        self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
         self._creating: dict[int, Handle] = {}      # a new key's inode -> its handle
-        self._by_name = {t.name: t for t in self.model_file.tensors}
+        self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
-        for key, value in self.model_file.metadata.items():
-            node = self.meta_dir.children.get(metadata_file_name(key))
-            if node is not None:
-                self._key_of[node.ino] = key
-                node.xattrs = {TYPE_XATTR: value.type_name.encode()}
+        if self.metadata_editable:
+            for key, value in self.model_file.metadata.items():
+                node = self.meta_dir.children.get(metadata_file_name(key))
+                if node is not None:
+                    self._key_of[node.ino] = key
+                    node.xattrs = {TYPE_XATTR: value.type_name.encode()}
         self.metadata_json = self.tree.lookup("/metadata.json")
-        self.whole_file = None
+        self.whole_files: list = []
+        self.index_node = None
         files = self.tree.lookup("/files")
         if files is not None:
-            import os
-
-            from tensorfs.namespace import entry_name
-
-            self.whole_file = files.children.get(entry_name(os.path.basename(
-                self.model_file.path)))
-            if self.whole_file is not None:
-                self.whole_file.view = ComposedView(self)
+            for f in model.files:
+                node = files.children.get(entry_name(os.path.basename(f.path)))
+                if node is not None:
+                    node.view = ComposedView(self, f.path)
+                    self.whole_files.append(node)
+            if model.files[0].format == "safetensors" and len(model.files) > 1:
+                self._serve_index(files)
         self._replay(store.state)
         self._refresh_generated()
+
+    def _serve_index(self, files) -> None:
+        """A sharded safetensors model's index in files/: its weight_map follows the
+        removed and renamed tensors."""
+        for companion in self.model.companions:
+            if not companion.name.endswith(".index.json"):
+                continue
+            node = files.children.get(entry_name(companion.name))
+            if node is None:
+                continue
+            source = companion.source()
+            try:
+                index = json.loads(source.read(0, source.size))
+            except ValueError:
+                return
+            if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
+                self.index_node = node
+                self._index = index
+                node.view = IndexView(self)
+            return
+
+    def index_bytes(self, state: EditState) -> bytes:
+        index = dict(self._index)
+        weight_map = {}
+        for name, shard in index["weight_map"].items():
+            edit = state.tensors.get(name)
+            if edit is None:
+                weight_map[name] = shard
+            elif edit.name is not None:
+                weight_map[edit.name] = shard
+        index["weight_map"] = weight_map
+        return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode()
 
     @contextlib.contextmanager
     def _editing(self):
@@ -180,24 +218,48 @@ class Editor:
     def state(self) -> EditState:
         return self.store.state
 
-    def composed(self, state: EditState | None = None) -> ComposedFile:
+    def _compose_all(self, state: EditState) -> dict:
+        """path -> ComposedFile of every model file.  Metadata edits go to the metadata
+        file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
+        out = {}
+        total = sum(1 for t in self.model.tensors
+                    if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
+        for f in self.files:
+            if f is self.model_file:
+                file_state = state
+                count = f.metadata.get("split.tensors.count")
+                if count is not None and len(self.files) > 1 and count.value() != total:
+                    file_state = state.with_metadata("split.tensors.count",
+                                                     (count.type_name, total))
+            else:
+                file_state = EditState({}, state.tensors)
+            out[f.path] = compose(f, self.headers[f.path], self.sources[f.path], file_state,
+                                  self.store.data)
+        return out
+
+    def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
+        return self.composed_all(state)[path or self.model_file.path]
+
+    def composed_all(self, state: EditState | None = None) -> dict:
         state = self.store.state if state is None else state
         kept = self._composed
         if kept is not None and kept[0] is state:
             return kept[1]
-        composed = compose(self.model_file, self.header, self.source, state, self.store.data)
+        composed = self._compose_all(state)
         if state is self.store.state:
             self._composed = (state, composed)
         return composed
 
     def edited_model(self) -> Model:
-        f = self.composed().model_file
-        return Model((f,), f.tensors, f.metadata, self.model.source)
+        files = tuple(c.model_file for c in self.composed_all().values())
+        tensors = tuple(t for f in files for t in f.tensors)
+        metadata = files[0].metadata if self.metadata_editable else self.model.metadata
+        return Model(files, tensors, metadata, self.model.source)
 
     def _try(self, state: EditState) -> None:
         """Refuse (EINVAL) a state the format cannot hold, before it is kept."""
         try:
-            compose(self.model_file, self.header, self.source, state, self.store.data)
+            self._compose_all(state)
         except (EditError, TextError) as error:
             raise EditRefused(errno.EINVAL, str(error)) from None
 
@@ -206,7 +268,8 @@ class Editor:
         self.store.commit(state)
         self.mtime_ns = time.time_ns()
         self._refresh_generated()
-        self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.whole_file)
+        self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
+                    *self.whole_files)
 
     def _refresh_generated(self) -> None:
         if self.metadata_json is None:
@@ -299,7 +362,7 @@ class Editor:
             self._show_key(key, typed)
         if not state.tensors:
             return
-        paths = tensor_paths([t.name for t in self.model_file.tensors], self.layout)
+        paths = tensor_paths([t.name for t in self.model.tensors], self.layout)
         moving = []
         for original, edit in state.tensors.items():
             if original not in paths:
@@ -410,6 +473,9 @@ class Editor:
         with self._editing():
             if parent is not self.meta_dir:
                 raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
+            if not self.metadata_editable:
+                raise EditRefused(errno.EPERM, "a sharded safetensors model's metadata is its "
+                                  "index's: not edited here")
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
@@ -667,7 +733,7 @@ class Editor:
             if directory:
                 raise EditRefused(errno.EPERM, "the flat layout has no directories")
             new_tensor = _unescape(leaf)
-        current = {(self._current_name(t.name)) for t in self.model_file.tensors}
+        current = {(self._current_name(t.name)) for t in self.model.tensors}
         if new_tensor in current:
             raise EditRefused(errno.EEXIST, f"tensor {new_tensor!r} exists already")
         edit = self.state.tensors.get(original)
@@ -692,17 +758,18 @@ class Editor:
 
 
 class ComposedView:
-    """files/<model file> of an editable mount: the edited model as composed now; a reader
-    that opened it holds its own snapshot (``snapshot``)."""
+    """A model file in files/ of an editable mount: the edited file as composed now; a
+    reader that opened it holds its own snapshot (``snapshot``)."""
 
     cheap_size = True
 
-    def __init__(self, editor: Editor):
+    def __init__(self, editor: Editor, path: str):
         self.editor = editor
+        self.path = path
 
     @property
     def size(self) -> int:
-        return self.editor.composed().size
+        return self.editor.composed(self.path).size
 
     @property
     def mtime_ns(self) -> int:
@@ -710,13 +777,56 @@ class ComposedView:
 
     def snapshot(self) -> ComposedFile:
         with self.editor.lock:
-            return self.editor.composed()
+            return self.editor.composed(self.path)
 
     def read_into(self, offset: int, buf) -> int:
-        return self.editor.composed().read_into(offset, buf)
+        return self.editor.composed(self.path).read_into(offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
-        return self.editor.composed().read(offset, size)
+        return self.editor.composed(self.path).read(offset, size)
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data = data
+        self.size = len(data)
+
+    def read_into(self, offset: int, buf) -> int:
+        part = memoryview(self.data)[offset:offset + len(buf)]
+        buf[:len(part)] = part
+        return len(part)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset:offset + size]
+
+
+class IndexView(ComposedView):
+    """A sharded safetensors model's index, its weight_map as edited."""
+
+    def __init__(self, editor: Editor):
+        super().__init__(editor, "")
+        self._kept: tuple | None = None
+
+    def _now(self) -> _Bytes:
+        state = self.editor.state
+        kept = self._kept
+        if kept is None or kept[0] is not state:
+            kept = self._kept = (state, _Bytes(self.editor.index_bytes(state)))
+        return kept[1]
+
+    @property
+    def size(self) -> int:
+        return self._now().size
+
+    def snapshot(self):
+        with self.editor.lock:
+            return self._now()
+
+    def read_into(self, offset: int, buf) -> int:
+        return self._now().read_into(offset, buf)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._now().read(offset, size)
 
 
 def text_of(value) -> bytes:

@@ -524,3 +524,65 @@ def test_safetensors_metadata_and_npy_edits(tmp_path, mount):
         os.setxattr(fd, "user.tensorfs.type", b"uint32")
     os.close(fd)
     assert caught.value.errno == 22
+
+
+# -- shards and splits -------------------------------------------------------------------------
+
+def test_sharded_safetensors_each_shard_composed_and_the_index_follows(tmp_path, mount):
+    from tests.test_shards import safetensors_reference, write_hf_shards
+
+    index, tensors, weight_map = write_hf_shards(tmp_path / "hf")
+    mnt = mount(index, "--edits", tmp_path / "fixes")
+    new_q = tensors["model.layers.1.self_attn.q_proj.weight"] * 2
+    np.save(mnt / "model" / "layers" / "1" / "self_attn" / "q_proj" / "weight.npy", new_q)
+    assert _sh(f"rm {mnt}/model/layers/2/mlp/mask").returncode == 0
+    os.rename(mnt / "lm_head" / "weight", mnt / "lm_head" / "bias")
+    files = mnt / "files"
+    served = json.loads((files / index.name).read_text())
+    want_map = {n: s for n, s in weight_map.items() if n != "model.layers.2.mlp.mask"}
+    want_map["lm_head.bias"] = want_map.pop("lm_head.weight")
+    assert served["weight_map"] == want_map
+    assert served["metadata"] == json.loads(index.read_text())["metadata"]
+    expected = dict(tensors)
+    expected["model.layers.1.self_attn.q_proj.weight"] = new_q
+    del expected["model.layers.2.mlp.mask"]
+    expected["lm_head.bias"] = expected.pop("lm_head.weight")
+    got = safetensors_reference(files / index.name)
+    assert sorted(got) == sorted(expected)
+    for name, (array, shard) in got.items():
+        assert shard == want_map[name]
+        assert array.dtype == expected[name].dtype and array.tobytes() == expected[name].tobytes()
+    for shard in sorted(set(weight_map.values())):          # each shard as save_file writes it
+        reference = tmp_path / "ref" / shard
+        reference.parent.mkdir(exist_ok=True)
+        save_file({n: expected[n] for n, s in want_map.items() if s == shard}, str(reference),
+                  metadata={"format": "np"})
+        _same_safetensors(files / shard, reference)
+    # the index's metadata is not edited here
+    assert _sh(f"echo 1 > {mnt}/metadata/total_size").returncode != 0
+
+
+def test_split_gguf_each_split_composed(tmp_path, mount):
+    from tests.test_shards import write_split_gguf
+
+    files, tensors = write_split_gguf(tmp_path / "gg")
+    mnt = mount(files[0], "--edits", tmp_path / "fixes")
+    (mnt / "metadata" / "general.name").write_text("split, edited\n")
+    names = list(tensors)
+    assert _sh(f"rm {mnt}/blk/4/weight").returncode == 0
+    reader_total = 0
+    seen = {}
+    for path in files:
+        served = mnt / "files" / path.name
+        fields = gguf_fields(served)
+        if path == files[0]:
+            assert fields["general.name"][0] == "split, edited"
+            assert fields["split.tensors.count"][0] == len(names) - 1
+        else:
+            assert "general.name" not in fields
+        for name in gguf_names(served):
+            seen[name] = gguf_tensor(served, name)
+            reader_total += 1
+    assert sorted(seen) == sorted(n for n in names if n != "blk.4.weight")
+    for name, array in seen.items():
+        assert array.tobytes() == tensors[name].tobytes()
