@@ -686,7 +686,7 @@ class Editor:
                     raise EditRefused(errno.EXDEV, "metadata keys stay in metadata/")
                 self._rename_key(node, name, new_name)
             elif isinstance(node, DirNode):
-                raise EditRefused(errno.EPERM, "rename the tensors of a directory one by one")
+                self._rename_dir(node, parent, name, new_parent, new_name)
             else:
                 self._rename_tensor(node, parent, new_parent, new_name)
             self._touch(parent, new_parent)
@@ -710,6 +710,57 @@ class Editor:
         self._commit(state)
         self._show_key(key, None)
         self._show_key(new_key, typed)
+
+    def _tensor_dir(self, directory: DirNode) -> str:
+        path = self._dir_paths.get(directory.ino)
+        if path is None or path.split("/")[0] in READ_ONLY_TOP or self.layout != "tree":
+            raise EditRefused(errno.EPERM, "not a directory of tensors")
+        return path
+
+    def _rename_dir(self, node: DirNode, parent, name: str, new_parent, new_name: str) -> None:
+        """``mv a/b a/c``: every tensor below renamed (``a.b.x`` to ``a.c.x``)."""
+        old_path = "/".join(p for p in (self._tensor_dir(parent), name) if p)
+        new_path = "/".join(p for p in (self._tensor_dir(new_parent), new_name) if p)
+        if "." in new_name or not new_name:
+            raise EditRefused(errno.EINVAL, f"{new_name!r}: a directory name has no dots")
+        if new_name in new_parent.children:
+            raise EditRefused(errno.EEXIST, f"{new_path}: exists already")
+        if (new_path + "/").startswith(old_path + "/"):
+            raise EditRefused(errno.EINVAL, "a directory cannot move into itself")
+        old_prefix = ".".join(_unescape(p) for p in old_path.split("/"))
+        new_prefix = ".".join(_unescape(p) for p in new_path.split("/"))
+        files, dirs = [], []
+        pending = [(node, old_path)]
+        while pending:
+            directory, path = pending.pop()
+            dirs.append((directory, path))
+            for leaf, child in directory.children.items():
+                if isinstance(child, DirNode):
+                    pending.append((child, f"{path}/{leaf}"))
+                elif self._original(child) is not None:
+                    files.append(child)
+        current = {self._current_name(t.name) for t in self.model.tensors}
+        state = self.state
+        for original in {self._original(f) for f in files}:
+            name_now = self._current_name(original)
+            if name_now is None or not name_now.startswith(old_prefix + "."):
+                raise EditRefused(errno.EPERM, f"{name_now!r} is not named after {old_path}")
+            renamed = new_prefix + name_now[len(old_prefix):]
+            if renamed in current:
+                raise EditRefused(errno.EEXIST, f"tensor {renamed!r} exists already")
+            edit = state.tensors.get(original)
+            data = edit.data if edit is not None else None
+            state = state.with_tensor(original, TensorEdit(renamed, data)
+                                      if renamed != original or data else None)
+        self._try(state)
+        self._commit(state)
+        del parent.children[name]
+        new_parent.children[new_name] = node
+        for directory, path in dirs:
+            self._dir_paths[directory.ino] = new_path + path[len(old_path):]
+        for f in files:
+            self._tensor_of[f.ino] = self._original(f)
+        self._touch(node)
 
     def _rename_tensor(self, node, parent, new_parent, new_name: str) -> None:
         original = self._original(node)

@@ -586,3 +586,19 @@ def test_split_gguf_each_split_composed(tmp_path, mount):
     assert sorted(seen) == sorted(n for n in names if n != "blk.4.weight")
     for name, array in seen.items():
         assert array.tobytes() == tensors[name].tobytes()
+
+
+def test_mv_of_a_directory_renames_every_tensor_below(tmp_path, llama_model, mount):
+    edits = tmp_path / "fixes"
+    mnt = mount(llama_model, "--edits", edits)
+    assert _sh(f"mv {mnt}/blk/0 {mnt}/blk/7").returncode == 0
+    assert sorted(os.listdir(mnt / "blk")) == ["7"]
+    names = gguf_names(mnt / "files" / "model.gguf")
+    assert names == ["token_embd.weight", "blk.7.attn_q.weight", "blk.7.ffn_up.weight",
+                     "output_norm.weight", "blk.7.ids"]
+    np.save(mnt / "blk" / "7" / "ids.npy", np.ones((3, 4), dtype=np.int32))
+    assert np.array_equal(gguf_tensor(mnt / "files" / "model.gguf", "blk.7.ids"),
+                          np.ones((3, 4), dtype=np.int32))
+    again = mount(llama_model, "--edits", edits)
+    assert gguf_names(again / "files" / "model.gguf") == names
+    assert sorted(os.listdir(again / "blk" / "7")) == sorted(os.listdir(mnt / "blk" / "7"))
