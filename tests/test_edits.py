@@ -457,7 +457,9 @@ def test_a_daemon_killed_mid_edit_leaves_the_old_value(tmp_path, llama_model, mo
     writer = subprocess.Popen(
         ["python3", "-c", ("import sys, time\n"
                            f"f = open({str(mnt / 'metadata' / 'general.name')!r}, 'w')\n"
-                           "f.write('half'); f.flush(); print('written', flush=True); "
+                           "f.write('half'); f.flush()\n"
+                           f"g = open({str(mnt / 'token_embd' / 'weight')!r}, 'r+b')\n"
+                           "g.write(b'x' * 64); g.flush(); print('written', flush=True); "
                            "time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -468,8 +470,11 @@ def test_a_daemon_killed_mid_edit_leaves_the_old_value(tmp_path, llama_model, mo
         writer.kill()
         writer.wait()
     subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True, check=False)
+    assert [p for p in (edits / "tensorfs-edits.v1").iterdir() if p.name.endswith(".tmp")]
     again = mount(llama_model, "--edits", edits)
     assert (again / "metadata" / "general.name").read_text() == "tiny\n"
+    assert np.array_equal(np.load(again / "token_embd" / "weight.npy"), base_tensors()[
+        "token_embd.weight"])
     assert not [p for p in (edits / "tensorfs-edits.v1").iterdir() if p.name.endswith(".tmp")]
 
 
@@ -602,3 +607,18 @@ def test_mv_of_a_directory_renames_every_tensor_below(tmp_path, llama_model, mou
     again = mount(llama_model, "--edits", edits)
     assert gguf_names(again / "files" / "model.gguf") == names
     assert sorted(os.listdir(again / "blk" / "7")) == sorted(os.listdir(mnt / "blk" / "7"))
+
+
+def test_general_alignment_edited_moves_the_data(tmp_path, mount):
+    """general.alignment set to 64: every tensor's data moves to a multiple of it, as
+    GGUFWriter writes a file of that alignment; a value that is not a power of two is
+    refused and the old one stays."""
+    model = write_gguf(tmp_path / "model.gguf", base_kvs(), base_tensors(), alignment=32)
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    alignment = mnt / "metadata" / "general.alignment"
+    with pytest.raises(OSError) as caught, open(alignment, "w") as f:
+        f.write("48\n")
+    assert caught.value.errno == 22
+    alignment.write_text("64\n")
+    reference = write_gguf(tmp_path / "reference.gguf", base_kvs(), base_tensors(), alignment=64)
+    assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
