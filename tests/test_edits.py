@@ -622,3 +622,22 @@ def test_general_alignment_edited_moves_the_data(tmp_path, mount):
     alignment.write_text("64\n")
     reference = write_gguf(tmp_path / "reference.gguf", base_kvs(), base_tensors(), alignment=64)
     assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.remote
+def test_a_remote_model_edited_its_bytes_through_the_block_cache(tmp_path, llama_model, mount):
+    """A URL as MODEL: the edits live in DIR, the unchanged bytes come over HTTP."""
+    pytest.importorskip("aiohttp")
+    from tests.servers import Nginx
+
+    nginx = Nginx(tmp_path / "srv").start()
+    try:
+        url = nginx.put("files/model.gguf", llama_model)
+        mnt = mount(url, "--edits", tmp_path / "fixes")
+        (mnt / "metadata" / "tokenizer.ggml.eos_token_id").write_text("2\n")
+        kvs = base_kvs()
+        kvs[1] = ("tokenizer.ggml.eos_token_id", 2, GV.UINT32, None)
+        reference = write_gguf(tmp_path / "reference.gguf", kvs, base_tensors())
+        assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
+    finally:
+        nginx.stop()
