@@ -506,6 +506,15 @@ class Editor:
                 handle.buf.extend(bytes(offset - len(handle.buf)))
             handle.buf[offset:end] = data
         handle.dirty = True
+        if handle.kind == "metadata" and handle.type_name != "string" \
+                and not handle.type_name.startswith("array") and handle.buf.endswith(b"\n"):
+            # a scalar's one line is complete: text that does not read fails the write
+            # itself, which the shell reports (`echo two > KEY`: it ignores close)
+            try:
+                parse_text(handle.type_name, bytes(handle.buf))
+            except TextError as error:
+                raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
+                                  f"(the key keeps its value)") from None
         return len(data)
 
     def truncate(self, node, size: int, handle: Handle | None) -> None:

@@ -345,6 +345,10 @@ def test_text_that_does_not_parse_fails_close_and_the_value_stays(tmp_path, llam
             f.write(bad)
         assert caught.value.errno == 22
         assert eos.read_text() == "1\n"
+    shell = subprocess.run(["bash", "-c", f"echo two > {eos}"], capture_output=True, text=True,
+                           check=False)
+    assert shell.returncode != 0 and "write error: Invalid argument" in shell.stderr
+    assert eos.read_text() == "1\n"
     with pytest.raises(OSError) as caught, open(mnt / "metadata" / "test.scores", "w") as f:
         f.write("0.5\nlots\n")
     assert caught.value.errno == 22
@@ -371,9 +375,11 @@ def test_new_keys_string_by_default_typed_by_xattr(tmp_path, llama_model, mount)
     # a new key whose text does not read as its type is not made
     fd = os.open(mnt / "metadata" / "my.bad", os.O_CREAT | os.O_WRONLY, 0o644)
     os.setxattr(fd, "user.tensorfs.type", b"uint8")
-    os.write(fd, b"300\n")
+    with pytest.raises(OSError) as caught:
+        os.write(fd, b"300\n")
+    assert caught.value.errno == 22                     # the line is complete: the write fails
     with pytest.raises(OSError):
-        os.close(fd)
+        os.close(fd)                                    # and so does the close
     assert not (mnt / "metadata" / "my.bad").exists()
 
 
