@@ -66,3 +66,36 @@ def test_llama_cpp_reads_a_tensor_edit(tmp_path, tiny_llama, mount):
     np.testing.assert_array_equal(logits, want_logits)
     assert generated == want_generated
     assert not np.array_equal(logits, original_logits)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_transformers_reads_a_tensor_edit(tmp_path, mount, sharded):
+    """from_pretrained(MNT/files) after a tensor edit: the logits of a copy of the model
+    whose shard save_file rewrote with the same change."""
+    need("torch", "transformers")
+    import json
+
+    import torch
+    from safetensors.numpy import load_file, save_file
+
+    from tests.clients.test_clients import transformers_logits
+    from tests.tiny_models import write_transformers_model
+
+    local = write_transformers_model(tmp_path / "hf", "100KB" if sharded else None)
+    mnt = mount(local, "--edits", tmp_path / "fixes")
+    view = mnt / "model" / "norm" / "weight.npy"
+    scaled = np.load(view) * 1.5
+    np.save(view, scaled)
+
+    reference = tmp_path / "reference"
+    shutil.copytree(local, reference)
+    index = reference / "model.safetensors.index.json"
+    shard = json.loads(index.read_text())["weight_map"]["model.norm.weight"] if sharded \
+        else "model.safetensors"
+    tensors = load_file(str(reference / shard))
+    tensors["model.norm.weight"] = scaled.astype(tensors["model.norm.weight"].dtype)
+    save_file(tensors, str(reference / shard), metadata={"format": "pt"})
+
+    logits = transformers_logits(mnt / "files")
+    assert torch.equal(logits, transformers_logits(reference))
+    assert not torch.equal(logits, transformers_logits(local))
