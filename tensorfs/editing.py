@@ -134,6 +134,7 @@ class Editor:
         self.on_change = None
         self._changed: list = []
         self._depth = 0
+        self._ghost = None          # (directory, name, node): see ``ghost``
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
@@ -264,6 +265,7 @@ class Editor:
             raise EditRefused(errno.EINVAL, str(error)) from None
 
     def _commit(self, state: EditState) -> None:
+        self._ghost = None
         self._try(state)
         self.store.commit(state)
         self.mtime_ns = time.time_ns()
@@ -640,9 +642,21 @@ class Editor:
                 self._touch(self.meta_dir)
 
     # -- removing and renaming ---------------------------------------------------------------
+    def ghost(self, parent, name: str):
+        """The other file of the tensor removed last, still found by name (not listed)
+        until it is removed too or another edit comes: ``rm -r`` lists a directory first,
+        then removes each name it saw, the second file of a tensor included."""
+        ghost = self._ghost
+        if ghost is not None and ghost[0] is parent and ghost[1] == name:
+            return ghost[2]
+        return None
+
     def unlink(self, parent, name: str) -> None:
         with self._editing():
+            ghost, self._ghost = self._ghost, None
             node = parent.children.get(name)
+            if node is None and ghost is not None and ghost[0] is parent and ghost[1] == name:
+                return                      # the tensor went with its other file
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
             if isinstance(node, DirNode):
@@ -668,6 +682,8 @@ class Editor:
                 for leaf, child in list(parent.children.items()):
                     if child is n:
                         del parent.children[leaf]
+                        if n is sibling:
+                            self._ghost = (parent, leaf, n)
             self._touch(parent)
 
     def rmdir(self, parent, name: str) -> None:

@@ -111,7 +111,10 @@ class TensorFS:
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
-        child = self._dir(parent).children.get(name)
+        directory = self._dir(parent)
+        child = directory.children.get(name)
+        if child is None and self.editor is not None:
+            child = self.editor.ghost(directory, name)
         if child is None:
             raise FsError(errno.ENOENT)
         if self.editor is not None:

@@ -417,7 +417,9 @@ def test_quantized_npy_written_through_gguf_py_quantize(tmp_path, llama_model, m
 
 def test_rm_and_mv_of_tensors(tmp_path, llama_model, mount):
     mnt = mount(llama_model, "--edits", tmp_path / "fixes")
-    assert _sh(f"rm -rf {mnt}/blk/0/attn_q").returncode == 0
+    removed = _sh(f"rm -r {mnt}/blk/0/attn_q")
+    assert removed.returncode == 0, removed.stderr
+    assert not (mnt / "blk" / "0" / "attn_q").exists()
     assert _sh(f"mv {mnt}/output_norm/weight {mnt}/output_norm/scale").returncode == 0
     assert sorted(os.listdir(mnt / "output_norm")) == ["scale", "scale.npy"]
     names = gguf_names(mnt / "files" / "model.gguf")
