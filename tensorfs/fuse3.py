@@ -53,6 +53,10 @@ FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
 # that this mount cannot itself be stacked under another overlay.
 BACKING_STACKED_OVER = 1
 
+# An edit's reply waits this long, at most, for the kernel to forget what the edit changed
+# (Session.invalidate).
+INVALIDATE_WAIT_S = 2.0
+
 # How the bytes of a local file reach the kernel (``Session.mechanism``, logged once).
 PASSTHROUGH, SPLICE, COPY = "passthrough", "splice", "copy"
 
@@ -428,6 +432,10 @@ class Session:
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
         self._se = None                         # the session, while serving (invalidate)
+        self._inval_lock = threading.Lock()
+        self._inval_queue: list = []
+        self._inval_wake = threading.Event()
+        self._inval_thread = None
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -705,14 +713,37 @@ class Session:
                 "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
                 "setxattr": g(self._setxattr)}
 
-    def invalidate(self, ino: int) -> None:
+    def invalidate(self, inodes) -> None:
         """Tell the kernel to drop the attributes and cached pages (a directory's: its
-        listing) of ``ino``: an edit changed it.  Said synchronously, from the request that
-        made the edit (the kernel holds no page or attribute lock of another inode while
-        it waits for the answer)."""
-        se = self._se
-        if se:
-            self.lib.fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+        listing) of ``inodes``: an edit changed them.  Said by a thread of its own, waited
+        for at most ``INVALIDATE_WAIT_S``: the kernel may have to wait for a page lock held
+        by a reader whose READ only this daemon answers (with one thread, the one waiting
+        here), so the edit's reply does not wait on it forever; normally the reply leaves
+        once the kernel has forgotten what changed, and the next stat or open sees it."""
+        if not self._se:
+            return
+        done = threading.Event()
+        with self._inval_lock:
+            if self._inval_thread is None:
+                self._inval_thread = threading.Thread(target=self._invalidating,
+                                                      name="tensorfs-invalidate", daemon=True)
+                self._inval_thread.start()
+            self._inval_queue.append((list(inodes), done))
+            self._inval_wake.set()
+        done.wait(INVALIDATE_WAIT_S)
+
+    def _invalidating(self) -> None:
+        while True:
+            self._inval_wake.wait()
+            with self._inval_lock:
+                work, self._inval_queue = self._inval_queue, []
+                self._inval_wake.clear()
+            for inodes, done in work:
+                for ino in inodes:
+                    se = self._se
+                    if se:
+                        self.lib.fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+                done.set()
 
     def _owner_only(self, req) -> None:
         ctx = self.lib.fuse_req_ctx(req)

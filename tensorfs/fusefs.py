@@ -56,8 +56,7 @@ class TensorFS:
         self._nlink = {}
         self._listings = {}
         if self.invalidate is not None:
-            for node in nodes:
-                self.invalidate(node.ino)
+            self.invalidate([node.ino for node in nodes])
 
     # -- the one errno mapping -----------------------------------------------------------------
     @staticmethod
