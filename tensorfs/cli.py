@@ -442,7 +442,7 @@ def _editor(args, mounted):
     if directory is None:
         return None
     from tensorfs.compose import EditError
-    from tensorfs.editing import Editor
+    from tensorfs.editing import Editor, EditRefused
     from tensorfs.edits import EditsError, EditStore, source_identity
 
     try:
@@ -454,6 +454,9 @@ def _editor(args, mounted):
     except EditError as error:
         store.close()
         raise UserError(str(error)) from None
+    except EditRefused as error:            # kept edits this tree cannot show (a name taken)
+        store.close()
+        raise UserError(f"{directory}: its edits cannot be applied: {error.strerror}") from None
 
 
 def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None:

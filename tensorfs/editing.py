@@ -106,6 +106,7 @@ class Handle:
         self.type_name: str | None = None
         self.created = False            # a key that exists only once this handle is closed
         self.tensor: str | None = None  # the tensor's original name
+        self.unread = False             # an .npy opened without O_TRUNC: ``buf`` not read yet
 
 
 class Editor:
@@ -404,6 +405,7 @@ class Editor:
             node = children.pop(name, None)
             if node is not None:
                 self._key_of.pop(node.ino, None)
+            self._touch(self.meta_dir)
             return
         from tensorfs.compose import typed_value
 
@@ -449,8 +451,7 @@ class Editor:
                     handle.pending = self.store.new_data()
             else:
                 handle = Handle("npy", node, t.n_elements * 8 + NPY_SLACK)
-                if not truncate:
-                    handle.buf = bytearray(node.view.read(0, node.view.size))
+                handle.unread = not truncate    # its current bytes, read at the first write
             handle.tensor = original
             return self._truncated(handle, truncate)
 
@@ -504,6 +505,9 @@ class Editor:
                 self._copy_into(handle.node.view, handle.pending)
             handle.pending.pwrite(offset, data)
         else:
+            if handle.unread:
+                handle.buf = bytearray(handle.node.view.read(0, handle.node.view.size))
+                handle.unread = False
             if offset > len(handle.buf):
                 handle.buf.extend(bytes(offset - len(handle.buf)))
             handle.buf[offset:end] = data
@@ -529,8 +533,13 @@ class Editor:
         if handle.kind == "raw":
             if handle.pending is None:
                 handle.pending = self.store.new_data()
+                if size:
+                    self._copy_into(handle.node.view, handle.pending)
             handle.pending.truncate(size)
         else:
+            if handle.unread:
+                handle.buf = bytearray(handle.node.view.read(0, min(size, handle.node.view.size)))
+                handle.unread = False
             del handle.buf[size:]
             handle.buf.extend(bytes(size - len(handle.buf)))
         handle.dirty = True
@@ -538,7 +547,9 @@ class Editor:
     def size_of(self, handle: Handle) -> int:
         if handle.pending is not None:
             return handle.pending.size
-        return handle.node.view.size if handle.kind == "raw" else len(handle.buf)
+        if handle.kind == "raw" or handle.unread:
+            return handle.node.view.size
+        return len(handle.buf)
 
     def set_type(self, node, type_name: str) -> None:
         """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
