@@ -309,6 +309,13 @@ def test_the_issue_commands_edit_the_served_model(tmp_path, llama_model, mount):
     assert served.read_bytes() == reference.read_bytes()
     assert gguf_fields(served)["tokenizer.ggml.eos_token_id"][0] == 2
     assert (sha256(llama_model), os.stat(llama_model).st_mtime_ns) == before
+    pid = daemon_pid(mnt)                       # the daemon holds MODEL read-only
+    held = [fd for fd in os.listdir(f"/proc/{pid}/fd")
+            if os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(llama_model.resolve())]
+    assert held
+    for fd in held:
+        flags = int(Path(f"/proc/{pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        assert flags & os.O_ACCMODE == os.O_RDONLY
     # a metadata-only edit keeps no tensor bytes; the .npy edit keeps the one tensor's
     kept = list((edits / "tensorfs-edits.v1").glob("data-*.bin"))
     assert [p.stat().st_size for p in kept] == [8 * 4]
@@ -321,6 +328,8 @@ def test_edits_persist_and_bind_to_the_model(tmp_path, llama_model, mount):
     os.rename(mnt / "blk" / "0" / "ids", mnt / "blk" / "0" / "token_ids")
     os.unlink(mnt / "blk" / "0" / "attn_q" / "weight")
     first = (mnt / "files" / "model.gguf").read_bytes()
+    # no tensor bytes kept for a metadata edit, a removal or a rename: a few KiB
+    assert sum(p.stat().st_size for p in (edits / "tensorfs-edits.v1").iterdir()) < 8192
     again = mount(llama_model, "--edits", edits)
     assert (again / "files" / "model.gguf").read_bytes() == first
     assert (again / "metadata" / "tokenizer.ggml.eos_token_id").read_text() == "7\n"
