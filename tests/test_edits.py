@@ -658,3 +658,54 @@ def test_a_remote_model_edited_its_bytes_through_the_block_cache(tmp_path, llama
         assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
     finally:
         nginx.stop()
+
+
+@pytest.mark.slow
+def test_concurrent_edits_and_reads(tmp_path, llama_model, mount):
+    """Writers of several keys and a tensor, readers of files/, metadata.json and the
+    tree, all at once: every reader sees a whole file, and the model ends with each key's
+    last value."""
+    import threading
+
+    mnt = mount(llama_model, "--edits", tmp_path / "fixes")
+    errors = []
+    stop = threading.Event()
+
+    def writer(key, n):
+        for i in range(n):
+            try:
+                (mnt / "metadata" / key).write_text(f"{key} {i}\n")
+            except OSError as error:
+                errors.append(error)
+
+    def tensor_writer(n):
+        for i in range(n):
+            np.save(mnt / "output_norm" / "weight.npy", np.full(8, i, dtype=np.float32))
+
+    def reader():
+        while not stop.is_set():
+            try:
+                fields = gguf_fields(mnt / "files" / "model.gguf")
+                assert fields["tokenizer.ggml.eos_token_id"][0] == 1
+                json.loads((mnt / "metadata.json").read_text())
+                os.listdir(mnt / "metadata")
+            except (OSError, ValueError, AssertionError) as error:
+                errors.append(error)
+
+    threads = [threading.Thread(target=writer, args=(k, 20))
+               for k in ("general.name", "my.a", "my.b")]
+    threads.append(threading.Thread(target=tensor_writer, args=(10,)))
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads + readers:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert errors == []
+    fields = gguf_fields(mnt / "files" / "model.gguf")
+    assert [fields[k][0] for k in ("general.name", "my.a", "my.b")] == \
+        ["general.name 19", "my.a 19", "my.b 19"]
+    assert np.array_equal(gguf_tensor(mnt / "files" / "model.gguf", "output_norm.weight"),
+                          np.full(8, 9, dtype=np.float32))
