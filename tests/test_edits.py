@@ -709,3 +709,61 @@ def test_concurrent_edits_and_reads(tmp_path, llama_model, mount):
         ["general.name 19", "my.a 19", "my.b 19"]
     assert np.array_equal(gguf_tensor(mnt / "files" / "model.gguf", "output_norm.weight"),
                           np.full(8, 9, dtype=np.float32))
+
+
+_ST_EDITS = st.lists(st.one_of(
+    st.tuples(st.just("meta"), st.sampled_from(["format", "note", "new"]), st.text(max_size=12)),
+    st.tuples(st.just("del"), st.sampled_from(["format", "note", "new"]), st.none()),
+    st.tuples(st.just("rm"), st.sampled_from(["a", "b", "c"]), st.none()),
+    st.tuples(st.just("mv"), st.sampled_from(["a", "b", "c"]), st.sampled_from(["x", "y"])),
+    st.tuples(st.just("data"), st.sampled_from(["a", "b", "c"]), st.integers(-50, 50)),
+), max_size=10)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=_ST_EDITS)
+def test_random_edit_sequences_compose_as_save_file_writes(tmp_path_factory, edits):
+    """The composed safetensors file loads (safe_open) as the one save_file writes for the
+    same tensors and metadata."""
+    from tensorfs.edits import EditState, EditStore, TensorEdit
+
+    work = tmp_path_factory.mktemp("st")
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+              "b": np.arange(5, dtype=np.int16), "c": np.ones((2, 2), dtype=np.float64)}
+    metadata = {"format": "pt", "note": "n"}
+    save_file(arrays, str(work / "m.safetensors"), metadata=metadata)
+    store = EditStore(str(work / "edits"), [])
+    state = EditState()
+    expected_meta = dict(metadata)
+    names = {n: n for n in arrays}
+    data = dict(arrays)
+    for op, target, arg in edits:
+        if op == "meta":
+            state = state.with_metadata(target, ("string", arg))
+            expected_meta[target] = arg
+        elif op == "del":
+            state = state.with_metadata(target, None) if target in metadata \
+                else state.without_metadata(target)
+            expected_meta.pop(target, None)
+        elif names[target] is None:
+            continue
+        elif op == "rm":
+            state = state.with_tensor(target, TensorEdit(None))
+            names[target] = None
+        elif op == "mv":
+            if arg in names.values():
+                continue
+            edit = state.tensors.get(target)
+            state = state.with_tensor(target, TensorEdit(arg, edit.data if edit else None))
+            names[target] = arg
+        else:
+            data[target] = np.full_like(arrays[target], arg)
+            state = state.with_tensor(target, TensorEdit(names[target],
+                                                         store.put_data(data[target].tobytes())))
+    composed = work / "composed.safetensors"
+    composed.write_bytes(_compose(work / "m.safetensors", state, store))
+    reference = work / "reference.safetensors"
+    save_file({names[n]: data[n] for n in arrays if names[n] is not None}, str(reference),
+              metadata=expected_meta or None)
+    _same_safetensors(composed, reference)
+    store.close()
