@@ -496,10 +496,16 @@ def test_a_daemon_killed_mid_edit_leaves_the_old_value(tmp_path, llama_model, mo
 
 
 @needs_users
-def test_only_the_owner_edits_under_allow_other(tmp_path, llama_model, users):
+@pytest.mark.parametrize("model_owner", ["root", "attacker"])
+def test_only_the_owner_edits_under_allow_other(tmp_path, llama_model, users, model_owner):
+    """Another user may read, never edit: refused by the kernel (the files are the model's
+    owner's, 0644), and by tensorfs, which checks each request's user against the mount's
+    (root mounting a model the other user owns: the kernel lets the owner write)."""
     from tests.support.commands import run_tensorfs
 
     _, attacker = users
+    if model_owner == "attacker":
+        os.chown(llama_model, attacker.uid, attacker.uid)
     shared = Path(tempfile.mkdtemp(prefix="tensorfs-edits-"))
     shared.chmod(0o755)
     mnt = shared / "mnt"
