@@ -258,17 +258,19 @@ class Editor:
         metadata = files[0].metadata if self.metadata_editable else self.model.metadata
         return Model(files, tensors, metadata, self.model.source)
 
-    def _try(self, state: EditState) -> None:
-        """Refuse (EINVAL) a state the format cannot hold, before it is kept."""
+    def _try(self, state: EditState) -> dict:
+        """Refuse (EINVAL) a state the format cannot hold, before it is kept; else its
+        composed files."""
         try:
-            self._compose_all(state)
+            return self._compose_all(state)
         except (EditError, TextError) as error:
             raise EditRefused(errno.EINVAL, str(error)) from None
 
     def _commit(self, state: EditState) -> None:
         self._ghost = None
-        self._try(state)
+        composed = self._try(state)
         self.store.commit(state)
+        self._composed = (state, composed)
         self.mtime_ns = time.time_ns()
         self._refresh_generated()
         self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
