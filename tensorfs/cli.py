@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -230,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--disk-cache", metavar="DIR[:SIZE]", type=parse_disk_cache,
                        help="also keep fetched blocks of a URL's files on disk, in DIR "
                             f"(default SIZE {DEFAULT_DISK_CACHE_SIZE}); reused by later mounts")
+    mount.add_argument("--edits", metavar="DIR", type=os.path.abspath,
+                       help="let the mount's owner edit metadata and tensors, kept in DIR "
+                            "(reused by later mounts of the same model); files/ serves the "
+                            "edited model (docs/editing.md)")
 
     for name in ("unmount", "umount"):
         un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"
@@ -565,7 +570,31 @@ def fuse_options(args, model_path: str):
                               from_mount_helper=getattr(args, "from_mount_helper", False))
 
 
-def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
+def _editor(args, mounted):
+    """--edits DIR: the edit store opened (refused in one line: someone else's directory,
+    another model's edits) and the tree showing its edits; None without the option."""
+    directory = getattr(args, "edits", None)
+    if directory is None:
+        return None
+    from tensorfs.compose import EditError
+    from tensorfs.editing import Editor, EditRefused
+    from tensorfs.edits import EditsError, EditStore, source_identity
+
+    try:
+        store = EditStore(directory, source_identity(mounted.model, mounted.sources))
+    except EditsError as error:
+        raise UserError(str(error)) from None
+    try:
+        return Editor(mounted, store, args.layout)
+    except EditError as error:
+        store.close()
+        raise UserError(str(error)) from None
+    except EditRefused as error:            # kept edits this tree cannot show (a name taken)
+        store.close()
+        raise UserError(f"{directory}: its edits cannot be applied: {error.strerror}") from None
+
+
+def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None:
     """Runs in the serving process (the daemon, after the fork): start what must start
     there, then serve until unmounted."""
     from tensorfs.fuse3 import FuseUnavailable
@@ -576,7 +605,7 @@ def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready)
+              options=options, on_ready=on_ready, editor=editor)
     except FuseUnavailable as error:
         raise UserError(str(error)) from None
     finally:
@@ -638,6 +667,9 @@ def cmd_mount(args) -> int:
                                   workers=args.workers)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)
+        editor = _editor(args, mounted)
+        if editor is not None:
+            options = dataclasses.replace(options, editable=True)
     except BaseException:
         if log_fd is not None:
             os.close(log_fd)
@@ -648,7 +680,7 @@ def cmd_mount(args) -> int:
             "files": _served_files(model)}
 
     def serve(on_ready):
-        _serve(mounted, mountpoint, st, options, on_ready)
+        _serve(mounted, mountpoint, st, options, on_ready, editor)
 
     if args.foreground:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,

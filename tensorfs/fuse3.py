@@ -54,6 +54,10 @@ FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
 # that this mount cannot itself be stacked under another overlay.
 BACKING_STACKED_OVER = 1
 
+# An edit's reply waits this long, at most, for the kernel to forget what the edit changed
+# (Session.invalidate).
+INVALIDATE_WAIT_S = 2.0
+
 # How the bytes of a local file reach the kernel (``Session.mechanism``, logged once).
 PASSTHROUGH, SPLICE, COPY = "passthrough", "splice", "copy"
 
@@ -79,6 +83,7 @@ class Entry(NamedTuple):
     size: int | None
     nlink: int
     mtime_ns: int | None = None
+    writable: bool = False          # an editable mount's file or directory: the owner may write
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
@@ -173,6 +178,16 @@ class FuseBufvec(ctypes.Structure):
                 ("buf", FuseBuf * 1)]
 
 
+class FuseCtx(ctypes.Structure):
+    """struct fuse_ctx: who sent a request."""
+    _fields_ = [("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("pid", ctypes.c_int32),
+                ("umask", ctypes.c_uint32)]
+
+
+# fuse_lowlevel.h: which attributes a SETATTR sets
+FUSE_SET_ATTR_MODE, FUSE_SET_ATTR_UID, FUSE_SET_ATTR_GID, FUSE_SET_ATTR_SIZE = 1, 2, 4, 8
+
+
 class FuseArgs(ctypes.Structure):
     _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)),
                 ("allocated", ctypes.c_int)]
@@ -199,6 +214,19 @@ CALLBACK_TYPES = {
     "statfs": ctypes.CFUNCTYPE(None, req_t, ino_t),
     "getxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_size_t),
     "listxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t),
+    # an editable mount's (--edits): writes, new files, removals, renames
+    "setattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_int, fi_p),
+    "unlink": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
+    "rmdir": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
+    "rename": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ino_t, ctypes.c_char_p,
+                               ctypes.c_uint),
+    "write": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_int64, fi_p),
+    "flush": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
+    "release": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
+    "create": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_uint32, fi_p),
+    "setxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_void_p,
+                                 ctypes.c_size_t, ctypes.c_int),
 }
 
 
@@ -262,6 +290,10 @@ def _load():
     if hasattr(lib, "fuse_set_feature_flag"):            # 3.17.3 on (an inline before)
         fn("fuse_set_feature_flag", ctypes.c_bool, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
     fn("fuse_reply_statfs", ctypes.c_int, P, ctypes.POINTER(Statvfs))
+    fn("fuse_reply_write", ctypes.c_int, P, sz)
+    fn("fuse_reply_create", ctypes.c_int, P, ctypes.POINTER(EntryParam), P)
+    fn("fuse_req_ctx", ctypes.POINTER(FuseCtx), P)
+    fn("fuse_lowlevel_notify_inval_inode", ctypes.c_int, P, ctypes.c_uint64, i64, i64)
     fn("fuse_reply_xattr", ctypes.c_int, P, sz)
     fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)
     fn("fuse_add_direntry_plus", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(EntryParam), i64)
@@ -374,8 +406,9 @@ class Session:
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
-                 errno_of=lambda exc: errno.EIO, splice: bool = False):
+                 errno_of=lambda exc: errno.EIO, splice: bool = False, editable: bool = False):
         self.fs = fs
+        self.editable = editable            # --edits: the write handlers below are installed
         self.lib = libfuse()
         self.errno_of = errno_of
         self.attr_timeout, self.entry_timeout = attr_timeout, entry_timeout
@@ -400,14 +433,21 @@ class Session:
         self.splice = splice                    # offered where there is no passthrough
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
+        self._se = None                         # the session, while serving (invalidate)
+        self._inval_lock = threading.Lock()
+        self._inval_queue: list = []
+        self._inval_wake = threading.Event()
+        self._inval_thread = None
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
         # Directories 0755, as a copy should be: `cp -r` keeps the modes, and a copy of 0555
         # directories is one its owner cannot empty (rm -rf fails).  The mount stays
-        # read-only: the kernel refuses every write to it with EROFS, whatever the mode.
+        # read-only unless it has --edits: the adapter refuses every write with EROFS.
         st.st_mode = (stat.S_IFDIR | 0o755) if entry.is_dir else (stat.S_IFREG | 0o444)
+        if entry.writable:
+            st.st_mode |= 0o200
         st.st_nlink = entry.nlink
         st.st_size = entry.size
         st.st_blocks = (entry.size + 511) // 512
@@ -667,6 +707,139 @@ class Session:
         names = self.fs.listxattr(ino)
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
+    # -- an editable mount (--edits) ------------------------------------------------------------
+    def _edit_handlers(self) -> dict:
+        """Opens with a handle (a reader's snapshot, a writer's buffer), reads through it, and
+        the calls that change the tree.  Every change is checked against the mount's owner:
+        under allow_other another user may read, never edit."""
+        g = self._guarded
+        return {"open": g(self._open_editable), "read": g(self._read_editable),
+                "write": g(self._write), "flush": g(self._flush), "release": g(self._release),
+                "create": g(self._create), "setattr": g(self._setattr),
+                "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
+                "setxattr": g(self._setxattr)}
+
+    def invalidate(self, inodes) -> None:
+        """Tell the kernel to drop the attributes and cached pages (a directory's: its
+        listing) of ``inodes``: an edit changed them.  Said by a thread of its own, waited
+        for at most ``INVALIDATE_WAIT_S``: the kernel may have to wait for a page lock held
+        by a reader whose READ only this daemon answers (with one thread, the one waiting
+        here), so the edit's reply does not wait on it forever; normally the reply leaves
+        once the kernel has forgotten what changed, and the next stat or open sees it."""
+        if not self._se:
+            return
+        done = threading.Event()
+        with self._inval_lock:
+            if self._inval_thread is None:
+                self._inval_thread = threading.Thread(target=self._invalidating,
+                                                      name="tensorfs-invalidate", daemon=True)
+                self._inval_thread.start()
+            self._inval_queue.append((list(inodes), done))
+            self._inval_wake.set()
+        done.wait(INVALIDATE_WAIT_S)
+
+    def _invalidating(self) -> None:
+        while True:
+            self._inval_wake.wait()
+            with self._inval_lock:
+                work, self._inval_queue = self._inval_queue, []
+                self._inval_wake.clear()
+            for inodes, done in work:
+                for ino in inodes:
+                    se = self._se
+                    if se:
+                        self.lib.fuse_lowlevel_notify_inval_inode(se, ino, 0, 0)
+                done.set()
+
+    def _owner_only(self, req) -> None:
+        ctx = self.lib.fuse_req_ctx(req)
+        if not ctx or ctx.contents.uid != os.geteuid():
+            raise FsError(errno.EACCES)
+
+    def _open_editable(self, req, ino, fi):
+        """No page cache kept across opens (an edit changes what a file holds), no backing
+        file (a composed file has none); a file opened for writing is flushed on close,
+        where its edit takes effect."""
+        info = ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents
+        if info.flags & os.O_ACCMODE != os.O_RDONLY:
+            self._owner_only(req)
+            info.fh = self.fs.open_write(ino, bool(info.flags & os.O_TRUNC))
+            info._bits &= ~(FI_KEEP_CACHE | FI_NOFLUSH)
+        else:
+            info.fh = self.fs.open_read(ino)
+            info._bits = (info._bits & ~FI_KEEP_CACHE) | FI_NOFLUSH
+        self.lib.fuse_reply_open(req, ctypes.cast(fi, ctypes.POINTER(FileInfo)))
+
+    @staticmethod
+    def _fh(fi) -> int:
+        return ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents.fh if fi else 0
+
+    def _read_editable(self, req, ino, size, offset, fi):
+        buf = self._take_buffer(size)
+        try:
+            n = self.fs.read_handle(ino, self._fh(fi), offset, memoryview(buf).cast("B")[:size])
+            self.lib.fuse_reply_buf(req, buf, n)
+        finally:
+            with self._buffers_lock:
+                if len(self._buffers) < 8:
+                    self._buffers.append(buf)
+
+    def _write(self, req, ino, data, size, offset, fi):
+        n = self.fs.write(ino, self._fh(fi), offset, ctypes.string_at(data, size))
+        self.lib.fuse_reply_write(req, n)
+
+    def _flush(self, req, ino, fi):
+        self.fs.flush(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _release(self, req, ino, fi):
+        self.fs.release(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _create(self, req, parent, name, mode, fi):
+        self._owner_only(req)
+        entry, fh = self.fs.create(parent, name.decode("utf-8", "surrogateescape"))
+        info = ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents
+        info.fh = fh
+        info._bits &= ~(FI_KEEP_CACHE | FI_NOFLUSH)
+        self.lib.fuse_reply_create(req, self._entry_param(entry), fi)
+
+    def _setattr(self, req, ino, attr, to_set, fi):
+        if to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID):
+            raise FsError(errno.EPERM)
+        if to_set & FUSE_SET_ATTR_SIZE:
+            self._owner_only(req)
+            size = ctypes.cast(attr, ctypes.POINTER(Stat)).contents.st_size
+            self.fs.truncate(ino, size, self._fh(fi))
+        # times are the mount's: a request to set them is answered, not kept
+        st = Stat()
+        self._fill_stat(st, self.fs.getattr(ino, self._fh(fi)))
+        self.lib.fuse_reply_attr(req, st, self.attr_timeout)
+
+    def _unlink(self, req, parent, name):
+        self._owner_only(req)
+        self.fs.unlink(parent, name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _rmdir(self, req, parent, name):
+        self._owner_only(req)
+        self.fs.rmdir(parent, name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _rename(self, req, parent, name, new_parent, new_name, flags):
+        self._owner_only(req)
+        if flags:                           # RENAME_EXCHANGE, RENAME_NOREPLACE ...
+            raise FsError(errno.EINVAL)
+        self.fs.rename(parent, name.decode("utf-8", "surrogateescape"), new_parent,
+                       new_name.decode("utf-8", "surrogateescape"))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _setxattr(self, req, ino, name, value, size, flags):
+        self._owner_only(req)
+        self.fs.setxattr(ino, name.decode("utf-8", "surrogateescape"),
+                         ctypes.string_at(value, size))
+        self.lib.fuse_reply_err(req, 0)
+
     # -- the loop -------------------------------------------------------------------------------
     def serve(self, mountpoint: str, options: MountOptions, on_ready=None) -> None:
         """Mount at ``mountpoint`` (a resolved path), call ``on_ready()`` once the mount
@@ -688,6 +861,8 @@ class Session:
                     "statfs": self._guarded(self._statfs),
                     "getxattr": self._guarded(self._getxattr),
                     "listxattr": self._guarded(self._listxattr)}
+        if self.editable:
+            handlers.update(self._edit_handlers())
         self._callbacks = {name: CALLBACK_TYPES[name](fn) for name, fn in handlers.items()}
         ops = (ctypes.c_void_p * len(OPS_SLOTS))()
         for name, cb in self._callbacks.items():
@@ -710,6 +885,7 @@ class Session:
             previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
             if lib.fuse_set_signal_handlers(se) != 0:
                 raise FuseUnavailable("could not install the FUSE signal handlers")
+            self._se = se
             try:
                 if lib.fuse_session_mount(se, mountpoint.encode("utf-8", "surrogateescape")) != 0:
                     raise FuseUnavailable(_libfuse_said["error"] or f"{mountpoint}: mount failed")
@@ -726,6 +902,7 @@ class Session:
                 lib.fuse_remove_signal_handlers(se)
                 signal.signal(signal.SIGINT, previous)
         finally:
+            self._se = None
             lib.fuse_session_destroy(se)
         # The loop returns 0 (unmounted), the signal that ended it, or -errno.
         if code < 0 or (code == 0 and not self._live):

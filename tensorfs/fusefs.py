@@ -7,9 +7,11 @@ below are mapped to errno in one place (``errno_of``).  The C side is ``tensorfs
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 
+from tensorfs.editing import EditRefused
 from tensorfs.fuse3 import Entry, FsError, Session
 from tensorfs.mountoptions import MountOptions
 from tensorfs.namespace import DirNode, Tree
@@ -36,10 +38,25 @@ KEEP_LISTING_ENTRIES = 64
 
 
 class TensorFS:
-    def __init__(self, tree: Tree):
+    def __init__(self, tree: Tree, editor=None):
         self.tree = tree
         self._nlink: dict[int, int] = {}
         self._listings: dict[int, list] = {}
+        # --edits: tensorfs.editing.Editor; the tree then changes, and the caches of what
+        # it holds are dropped at every change
+        self.editor = editor
+        self._handles: dict[int, object] = {}
+        self.invalidate = None          # Session.invalidate, once serving
+        self._next_handle = itertools.count(1)
+        if editor is not None:
+            editor.on_change = self._changed
+
+    def _changed(self, nodes) -> None:
+        """An edit changed ``nodes``: what this adapter and the kernel keep of them goes."""
+        self._nlink = {}
+        self._listings = {}
+        if self.invalidate is not None:
+            self.invalidate([node.ino for node in nodes])
 
     # -- the one errno mapping -----------------------------------------------------------------
     @staticmethod
@@ -48,6 +65,9 @@ class TensorFS:
             if not getattr(exc, "logged", False):   # a source that said it already (once)
                 log.error("%s", exc)
             return errno.EIO
+        if isinstance(exc, EditRefused):
+            log.warning("edit refused: %s", exc.strerror)
+            return exc.errno
         if isinstance(exc, OSError):
             log.error("%s", exc)
             return exc.errno or errno.EIO
@@ -67,6 +87,16 @@ class TensorFS:
         return node
 
     def _entry(self, node, listing: bool = False) -> Entry:
+        editor = self.editor
+        if editor is not None:
+            entry = self._plain_entry(node, listing)
+            # every node's time is the last edit's: the kernel then drops the pages and
+            # listings it cached of a file or directory an edit may have changed
+            return entry._replace(writable=editor.writable(node),
+                                  mtime_ns=entry.mtime_ns or editor.mtime_ns)
+        return self._plain_entry(node, listing)
+
+    def _plain_entry(self, node, listing: bool = False) -> Entry:
         if isinstance(node, DirNode):
             nlink = self._nlink.get(node.ino)
             if nlink is None:     # the tree never changes: count a directory's subdirectories once
@@ -80,19 +110,33 @@ class TensorFS:
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
-        child = self._dir(parent).children.get(name)
+        directory = self._dir(parent)
+        child = directory.children.get(name)
+        if child is None and self.editor is not None:
+            child = self.editor.ghost(directory, name)
         if child is None:
             raise FsError(errno.ENOENT)
+        if self.editor is not None:
+            self.editor.saw(parent, name, child)
         return self._entry(child)
 
-    def getattr(self, ino: int) -> Entry:
-        return self._entry(self._node(ino))
+    def getattr(self, ino: int, fh: int = 0) -> Entry:
+        entry = self._entry(self._node(ino))
+        handle = self._handles.get(fh) if fh else None
+        if handle is not None and hasattr(handle, "kind"):      # a file being written
+            entry = entry._replace(size=self.editor.size_of(handle))
+        return entry
 
     def listing(self, ino: int) -> list:
         kept = self._listings.get(ino)
         if kept is not None:
             return kept
         children = self._dir(ino).children
+        if self.editor is not None:
+            with self.editor.lock:
+                children = dict(children)
+            for name, child in children.items():
+                self.editor.saw(ino, name, child)
         entries = [(name, self._entry(child, listing=True)) for name, child in children.items()]
         if len(entries) > KEEP_LISTING_ENTRIES:
             self._listings[ino] = entries
@@ -133,17 +177,89 @@ class TensorFS:
     def listxattr(self, ino: int) -> list:
         return list(getattr(self._node(ino), "xattrs", {}))
 
+    # -- an editable mount (--edits): tensorfs.editing says what each change means -----------
+    def _keep(self, handle) -> int:
+        fh = next(self._next_handle)
+        self._handles[fh] = handle
+        return fh
+
+    def _handle(self, fh: int):
+        handle = self._handles.get(fh)
+        if handle is None or not hasattr(handle, "kind"):
+            raise FsError(errno.EBADF)
+        return handle
+
+    def open_read(self, ino: int) -> int:
+        """A reader's handle: the composed file's snapshot (files/), else none (0)."""
+        view = self._file_view(ino)
+        check = getattr(view, "open", None)
+        if check is not None:
+            check()
+        snapshot = getattr(view, "snapshot", None)
+        return self._keep(snapshot()) if snapshot is not None else 0
+
+    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int:
+        held = self._handles.get(fh) if fh else None
+        if held is not None and not hasattr(held, "kind"):
+            return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
+        return self.read_into(ino, offset, buf)
+
+    def open_write(self, ino: int, truncate: bool) -> int:
+        return self._keep(self.editor.open_write(self._node(ino), truncate))
+
+    def create(self, parent: int, name: str):
+        node, handle = self.editor.create(self._dir(parent), name)
+        return self._entry(node), self._keep(handle)
+
+    def write(self, ino: int, fh: int, offset: int, data: bytes) -> int:
+        return self.editor.write(self._handle(fh), offset, data)
+
+    def flush(self, ino: int, fh: int) -> None:
+        handle = self._handles.get(fh)
+        if handle is not None and hasattr(handle, "kind"):
+            self.editor.flush(handle)
+
+    def release(self, ino: int, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is not None and hasattr(handle, "kind"):
+            self.editor.release(handle)
+
+    def truncate(self, ino: int, size: int, fh: int) -> None:
+        handle = self._handle(fh) if fh and hasattr(self._handles.get(fh), "kind") else None
+        self.editor.truncate(self._node(ino), size, handle)
+
+    def unlink(self, parent: int, name: str) -> None:
+        self.editor.unlink(self._dir(parent), name)
+
+    def rmdir(self, parent: int, name: str) -> None:
+        self.editor.rmdir(self._dir(parent), name)
+
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str) -> None:
+        self.editor.rename(self._dir(parent), name, self._dir(new_parent), new_name)
+
+    def setxattr(self, ino: int, name: str, value: bytes) -> None:
+        from tensorfs.editing import TYPE_XATTR
+
+        if name != TYPE_XATTR:
+            raise FsError(errno.EPERM if name.startswith("user.") else errno.EOPNOTSUPP)
+        self.editor.set_type(self._node(ino), value.decode("utf-8", "replace").strip())
+
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
-          options: MountOptions, on_ready=None) -> None:
+          options: MountOptions, on_ready=None, editor=None) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
     once (``tensorfs.mountoptions``); the timeouts and the thread count are answered here,
     ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
-    fs = TensorFS(tree)
+    fs = TensorFS(tree, editor)
+    # an edited tree changes under the kernel: it keeps no names or misses, and the
+    # attributes and pages of what an edit changed are dropped (``editor``: --edits)
+    timeouts = (options.attr_timeout, options.entry_timeout, options.negative_timeout) \
+        if editor is None else (options.attr_timeout, 0.0, 0.0)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
-                      attr_timeout=options.attr_timeout, entry_timeout=options.entry_timeout,
-                      negative_timeout=options.negative_timeout)
+                      attr_timeout=timeouts[0], entry_timeout=timeouts[1],
+                      negative_timeout=timeouts[2], editable=editor is not None)
+    fs.invalidate = session.invalidate
     session.serve(mountpoint, options, on_ready=on_ready)

@@ -30,8 +30,9 @@ cursor continues where the last block ended, see ``tensorfs.views.GeneratedView`
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Hashable
+from collections.abc import Hashable
 
 from tensorfs.cache import ByteLRU
 from tensorfs.metadata_json import json_line
@@ -148,8 +149,10 @@ def is_array(value: MetadataValue) -> bool:
     return value.count is not None or value.type_name.startswith("array")
 
 
-def metadata_view(cache: ByteLRU, key: str, value: MetadataValue):
-    cache_key = (DIRECTORY, key)
+def metadata_view(cache: ByteLRU, key: str, value: MetadataValue, version: int = 0):
+    """``version``: which edit of the key this is (an edited mount), so that the text of an
+    earlier value kept in the cache is never served for a later one."""
+    cache_key = (DIRECTORY, key) if not version else (DIRECTORY, key, version)
     if is_array(value):
         return ArrayTextView(cache, cache_key, value)
     return GeneratedView(cache, cache_key, lambda: scalar_text(value.value()))
@@ -160,3 +163,107 @@ def add_metadata_files(tree: Tree, model: Model, cache: ByteLRU) -> None:
     tree.add_dir(DIRECTORY)
     for key, value in model.metadata.items():
         tree.add_file(f"{DIRECTORY}/{metadata_file_name(key)}", metadata_view(cache, key, value))
+
+
+# -- text back to values (an edited file: tensorfs.editing) ----------------------------------
+
+class TextError(ValueError):
+    """A metadata file's new text that does not read as a value of the key's type: one line."""
+
+
+_INT_RANGES = {"uint8": (0, 2**8 - 1), "int8": (-2**7, 2**7 - 1),
+               "uint16": (0, 2**16 - 1), "int16": (-2**15, 2**15 - 1),
+               "uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
+               "uint64": (0, 2**64 - 1), "int64": (-2**63, 2**63 - 1)}
+_FLOAT_TYPES = ("float32", "float64")
+SCALAR_TYPES = ("string", "bool", *_INT_RANGES, *_FLOAT_TYPES)
+
+
+def _element(text: str, type_name: str):
+    """One scalar or array element of ``type_name`` from its text (as ``format_element``
+    writes it), in the JSON-ready form ``MetadataValue.value()`` gives."""
+    if type_name == "string":
+        return text
+    word = text.strip()
+    if type_name == "bool":
+        if word in ("true", "false"):
+            return word == "true"
+        raise TextError(f"{word[:40]!r} is not a bool (true or false)")
+    if type_name in _INT_RANGES:
+        low, high = _INT_RANGES[type_name]
+        if not re.fullmatch(r"[+-]?[0-9]+", word):
+            raise TextError(f"{word[:40]!r} is not an integer")
+        value = int(word)
+        if not low <= value <= high:
+            raise TextError(f"{value} is out of range for {type_name} ({low} to {high})")
+        return value
+    if type_name in _FLOAT_TYPES:
+        try:
+            value = float(word)
+        except ValueError:
+            raise TextError(f"{word[:40]!r} is not a number") from None
+        if math.isnan(value):
+            return "nan"
+        if type_name == "float32":
+            import numpy as np
+            with np.errstate(over="ignore"):
+                narrow = np.float32(value)
+            if abs(value) != float("inf") and not np.isfinite(narrow):
+                raise TextError(f"{word[:40]} is out of range for float32")
+            value = float(str(narrow))
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if type_name.startswith("array["):           # an element that is itself an array
+        import json
+        try:
+            items = json.loads(word)
+        except ValueError:
+            raise TextError(f"{word[:40]!r} is not a JSON array") from None
+        if not isinstance(items, list):
+            raise TextError(f"{word[:40]!r} is not a JSON array")
+        inner = type_name[len("array["):-1]
+        return [_element(json.dumps(x) if not isinstance(x, str) or inner != "string" else x,
+                         inner) for x in items]
+    raise TextError(f"values of type {type_name} cannot be written")
+
+
+def parse_text(type_name: str, data: bytes):
+    """The value a metadata file's new content stands for, read in the key's type: the
+    inverse of what the file shows (``scalar_text``, ``render_lines``).  A string is the
+    content less one final newline; an array is one element per line.  ``TextError`` (one
+    line) when the text is not a value of that type."""
+    if type_name == "string":
+        return data.removesuffix(b"\n").decode("utf-8", "surrogateescape")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TextError("the text is not UTF-8") from None
+    if not type_name.startswith("array["):
+        text = text.removesuffix("\n")
+        if "\n" in text:
+            raise TextError(f"a {type_name} is one line")
+        return _element(text, type_name)
+    inner = type_name[len("array["):-1]
+    if inner in ("array", ""):
+        raise TextError(f"an {type_name} of mixed element types cannot be written")
+    if not text:
+        return []
+    lines = text.removesuffix("\n").split("\n")
+    if inner == "string":
+        import codecs
+        out = []
+        for line in lines:
+            try:
+                raw = codecs.escape_decode(line.encode("utf-8", "surrogateescape"))[0]
+            except ValueError as error:
+                raise TextError(f"line {len(out) + 1}: {error}") from None
+            out.append(raw.decode("utf-8", "surrogateescape"))
+        return out
+    values = []
+    for number, line in enumerate(lines, 1):
+        try:
+            values.append(_element(line, inner))
+        except TextError as error:
+            raise TextError(f"line {number}: {error}") from None
+    return values

@@ -82,6 +82,7 @@ class MountOptions:
     attr_timeout: float = DAY_S
     entry_timeout: float = DAY_S
     negative_timeout: float = DAY_S
+    editable: bool = False      # --edits (not an -o option): the mount is not read-only
 
     def libfuse_options(self) -> list[str]:
         """The ``-o`` list libfuse gets: read-only, no devices or setuid, the kernel checking
@@ -89,6 +90,8 @@ class MountOptions:
         mount) whatever the user gave; then what they asked for."""
         out = ["ro", "nodev", "nosuid", "default_permissions", f"fsname={self.fsname}",
                "subtype=tensorfs"]
+        if self.editable:
+            out.remove("ro")
         out += [name for name in ("allow_other", "allow_root", "noexec", "noatime",
                                   "auto_unmount") if getattr(self, name)]
         if self.max_read:

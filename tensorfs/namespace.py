@@ -258,6 +258,13 @@ class Tree:
         placer = _TensorPlacer(self, names, layout, make_files)
         self.root._expand = placer.expand_root
 
+    def new_node(self, view=None, xattrs=None, directory: bool = False):
+        """A node with a fresh inode number, placed nowhere yet: the caller puts it in a
+        directory's ``children`` (an edited mount, tensorfs.editing)."""
+        node = DirNode(self._new_ino()) if directory else FileNode(view, xattrs, self._new_ino())
+        self._by_ino[node.ino] = node
+        return node
+
     def node(self, ino: int):
         """The node with this inode number, or None."""
         return self._by_ino.get(ino)
