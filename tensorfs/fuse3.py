@@ -444,7 +444,7 @@ class Session:
         st.st_ino = entry.ino
         # Directories 0755, as a copy should be: `cp -r` keeps the modes, and a copy of 0555
         # directories is one its owner cannot empty (rm -rf fails).  The mount stays
-        # read-only unless it has --edits: the adapter refuses every write with EROFS.
+        # read-only (mounted ro: the kernel answers EROFS) unless it has --edits.
         st.st_mode = (stat.S_IFDIR | 0o755) if entry.is_dir else (stat.S_IFREG | 0o444)
         if entry.writable:
             st.st_mode |= 0o200
