@@ -40,6 +40,7 @@ ROOT_INO = 1
 FUSE_CAP_SPLICE_WRITE = 1 << 7
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 FUSE_CAP_PASSTHROUGH = 1 << 29          # 3.17 on (Linux 6.9 on)
+FUSE_CAP_PARALLEL_DIROPS = 1 << 18      # fuse_common.h: lookups in one directory at once
 # struct fuse_buf's flags (enum fuse_buf_flags)
 FUSE_BUF_IS_FD = 1 << 1
 FUSE_BUF_FD_SEEK = 1 << 2
@@ -72,12 +73,14 @@ class Entry(NamedTuple):
     """What ``stat`` says of one node.  The rest (owner, times, block size) is the same for
     every node of a mount and given to ``Session``.  In a listing, ``size`` None means "not
     known without work": that entry goes without attributes and the kernel looks it up.
-    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's."""
+    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's; ``owner``:
+    the node's own (mode bits, uid, gid) (a local file of files/), else the mount's."""
     ino: int
     is_dir: bool
     size: int | None
     nlink: int
     mtime_ns: int | None = None
+    owner: tuple[int, int, int] | None = None
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
@@ -373,7 +376,8 @@ class Session:
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
-                 errno_of=lambda exc: errno.EIO, splice: bool = False):
+                 errno_of=lambda exc: errno.EIO, splice: bool = False,
+                 passthrough: bool = False):
         self.fs = fs
         self.lib = libfuse()
         self.errno_of = errno_of
@@ -396,6 +400,7 @@ class Session:
         self._ready_lock = threading.Lock()
         self.mechanism = self._fallback = COPY
         self.splice = splice                    # offered where there is no passthrough
+        self.passthrough = passthrough          # asked for (tensorfs.fusefs.PASSTHROUGH)
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
 
@@ -408,6 +413,9 @@ class Session:
         st.st_blocks = (entry.size + 511) // 512
         st.st_blksize = self.block_size
         st.st_uid, st.st_gid = self.uid, self.gid
+        if entry.owner is not None:
+            mode, st.st_uid, st.st_gid = entry.owner
+            st.st_mode = stat.S_IFREG | mode
         sec, nsec = self.mtime if entry.mtime_ns is None else divmod(entry.mtime_ns, 1_000_000_000)
         for ts in (st.st_atim, st.st_mtim, st.st_ctim):
             ts.tv_sec, ts.tv_nsec = sec, nsec
@@ -450,6 +458,10 @@ class Session:
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
         # directory before it descends, and every entry without attributes costs a LOOKUP.
         self._unset_want(conn, FUSE_CAP_READDIRPLUS_AUTO)
+        # Lookups and listings of one directory at once: without it the kernel holds the
+        # directory's lock across each LOOKUP, so one slow answer delays every other name.
+        if self._capable(conn, FUSE_CAP_PARALLEL_DIROPS):
+            self._set_want(conn, FUSE_CAP_PARALLEL_DIROPS)
         # libfuse refuses INIT unless the filesystem repeats `-o max_read=N` here
         # (fuse_common.h: it "must be set both here and passed to fuse_session_new()").
         conn.contents.max_read = self._max_read
@@ -462,14 +474,15 @@ class Session:
         if splice:
             self._set_want(conn, FUSE_CAP_SPLICE_WRITE)
         self._fallback = SPLICE if splice else COPY
-        if (lib.version >= 317 and hasattr(lib, "fuse_passthrough_open")
+        if (self.passthrough and lib.version >= 317 and hasattr(lib, "fuse_passthrough_open")
                 and self._capable(conn, FUSE_CAP_PASSTHROUGH) and os.geteuid() == 0):
             self._set_want(conn, FUSE_CAP_PASSTHROUGH)
             conn.contents.max_backing_stack_depth = BACKING_STACKED_OVER
             log.info("local files: passthrough (the kernel reads whole files from their "
                      "backing file; tensor files by %s)", self._fallback)
             return PASSTHROUGH
-        why = ("libfuse 3.17 or later needed" if lib.version < 317 else
+        why = ("not asked for: TENSORFS_PASSTHROUGH=1" if not self.passthrough else
+               "libfuse 3.17 or later needed" if lib.version < 317 else
                "not root" if os.geteuid() != 0 else "the kernel does not offer it")
         log.info("local files: %s (no passthrough: %s)", self._fallback, why)
         return self._fallback

@@ -12,6 +12,7 @@ closes the rest (an index, a rejected candidate).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import stat
@@ -21,6 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
+
+log = logging.getLogger("tensorfs")
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -95,6 +98,9 @@ class Location:
 
     def __init__(self):
         self.opened: dict[str, object] = {}
+        # path -> the directory whose listing or index named it (``sibling``): such a file
+        # must lie in that directory (a local one: ``tensorfs.source.contained_problem``)
+        self.named_beside: dict[str, str] = {}
 
     # -- to be given by each kind of place -------------------------------------------------
     def normalize(self, path: str) -> str:
@@ -110,6 +116,11 @@ class Location:
 
     def _open(self, path: str):
         raise NotImplementedError
+
+    def sizes(self, directory: str) -> dict[str, int]:
+        """Name -> size of the files ``directory``'s listing gave with their sizes (none
+        where a listing gives names only): what ``stat`` answers without a request."""
+        return {}
 
     def join(self, directory: str, name: str) -> str:
         raise NotImplementedError
@@ -145,12 +156,22 @@ class Location:
         problem = name_problem(name)
         if problem is not None:
             raise ValueError(problem)
-        return self.join(directory, name)
+        path = self.join(directory, name)
+        self.named_beside.setdefault(path, directory)
+        return path
 
-    def listed(self, directory: str) -> list[str]:
+    def listed(self, directory: str, say: bool = False) -> list[str]:
         """``files(directory)`` without the names that are not plain file names there (a
-        listing is the server's word, read like a model's)."""
-        return [n for n in self.files(directory) if name_problem(n) is None]
+        listing is the server's word, read like a model's): nothing is ever asked for
+        under such a name.  ``say``: log one line for each name left out."""
+        names = []
+        for name in self.files(directory):
+            problem = name_problem(name)
+            if problem is None:
+                names.append(name)
+            elif say:
+                log.warning("%s: %s left out: %s", directory, ascii(name)[:80], problem)
+        return names
 
     def open(self, path: str):
         """The source of ``path`` (kept until ``attach`` or ``close_all``)."""
@@ -232,7 +253,7 @@ class LocalLocation(Location):
     def _open(self, path: str):
         from tensorfs.source import ModelSource
 
-        return ModelSource(path)
+        return ModelSource(path, within=self.named_beside.get(path))
 
     def join(self, directory: str, name: str) -> str:
         return os.path.join(directory, name)
