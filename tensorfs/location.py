@@ -12,7 +12,6 @@ closes the rest (an index, a rejected candidate).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 import stat
@@ -22,8 +21,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
-
-log = logging.getLogger("tensorfs")
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -160,17 +157,17 @@ class Location:
         self.named_beside.setdefault(path, directory)
         return path
 
-    def listed(self, directory: str, say: bool = False) -> list[str]:
+    def listed(self, directory: str, refused: dict | None = None) -> list[str]:
         """``files(directory)`` without the names that are not plain file names there (a
         listing is the server's word, read like a model's): nothing is ever asked for
-        under such a name.  ``say``: log one line for each name left out."""
+        under such a name.  ``refused``: filled with each name left out and why."""
         names = []
         for name in self.files(directory):
             problem = name_problem(name)
             if problem is None:
                 names.append(name)
-            elif say:
-                log.warning("%s: %s left out: %s", directory, ascii(name)[:80], problem)
+            elif refused is not None:
+                refused[name] = problem
         return names
 
     def open(self, path: str):

@@ -49,6 +49,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import stat
 import threading
 import time
@@ -117,8 +118,6 @@ def open_error(error: OSError) -> str:
 
 
 def too_many_open_files() -> str:
-    import resource
-
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return (f"too many open files (this process may hold {soft}: raise `ulimit -n`, or mount "
             "fewer files)")

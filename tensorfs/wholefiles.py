@@ -64,6 +64,9 @@ FAILED_OPEN_RETRY_S = 30.0
 
 READ_ONLY = 0o444
 
+# Names a listing gives that are refused, each said in the log, at most (then one count).
+MAX_REFUSED_SAID = 10
+
 
 def _basename(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1]
@@ -107,8 +110,9 @@ class Companion:
     it (the source's, once opened, must agree)."""
 
     def __init__(self, name: str, path: str, opener, *, facts: Facts | None = None,
-                 listed_size: int | None = None, source=None):
+                 listed_size: int | None = None, source=None, refused: str | None = None):
         self.name = name
+        self.refused = refused          # why it is not served (said once the mount serves)
         self.path = path
         self._opener = opener
         self.facts = facts
@@ -234,6 +238,10 @@ class Companion:
 
     def start(self) -> None:
         """Called where the mount serves (tensorfs.mounttree.MountedModel.start)."""
+        if self.refused is not None:
+            # the daemon's log: at load, nothing but one error line reaches the terminal
+            log.warning("%s: not served in files/: %s", self.path, self.refused)
+            return
         with self._lock:
             self._started = True
             if self._source is not None:
@@ -276,8 +284,9 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     if named in model_paths:
         return ()
     sizes: dict = {}
+    refused: dict = {}
     if location.kind(named) == DIRECTORY:
-        names = location.listed(named, say=True)
+        names = location.listed(named, refused)
         sizes = location.sizes(named)
         paths = [(name, location.sibling(named, name)) for name in names]
     else:
@@ -288,20 +297,23 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
                     named, len(paths), MAX_COMPANIONS)
         del paths[MAX_COMPANIONS:]
     local = isinstance(location, LocalLocation)
-    companions = []
+    companions = [Companion(name, named, None, refused=f"the listed name {ascii(name)[:80]} "
+                            f"is {why}: never asked for")
+                  for name, why in list(refused.items())[:MAX_REFUSED_SAID]]
+    if len(refused) > MAX_REFUSED_SAID:
+        companions.append(Companion("", named, None, refused=f"{len(refused) - MAX_REFUSED_SAID}"
+                                    " more listed names that are not plain file names"))
     for name, path in paths:
         source = location.opened.pop(path, None)
         if local:
-            companion = _local_companion(location, name, path, source)
-            if companion is not None:
-                companions.append(companion)
+            companions.append(_local_companion(location, name, path, source))
             continue
         companions.append(Companion(name, path, _remote_opener(location, path),
                                     listed_size=sizes.get(name), source=source))
     return tuple(companions)
 
 
-def _local_companion(location, name: str, path: str, source) -> Companion | None:
+def _local_companion(location, name: str, path: str, source) -> Companion:
     """A local companion: opened now to check it (a regular file, where it may be) and
     note what it is, then closed: read, it is opened again (``Companion``)."""
     from tensorfs.source import ModelSource
@@ -314,8 +326,7 @@ def _local_companion(location, name: str, path: str, source) -> Companion | None
             source = ModelSource(path, within=within)
         facts = Facts.of(source.stat())
     except ModelError as error:
-        log.info("%s: not served in files/: %s", path, error.message)
-        return None
+        return Companion(name, path, None, refused=error.message)
     finally:
         if source is not None:
             source.close()
@@ -433,5 +444,6 @@ def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileV
     sources = model.sources if sources is None else sources
     views = {_basename(f.path): WholeFileView(source=sources[f.path]) for f in model.files}
     for companion in model.companions:
-        views.setdefault(companion.name, WholeFileView(companion=companion))
+        if companion.refused is None:
+            views.setdefault(companion.name, WholeFileView(companion=companion))
     return dict(sorted(views.items()))
