@@ -200,6 +200,11 @@ class HubTransport(HttpTransport):
         return (f"{self.endpoint}/{self.type_prefix}{self.repo_id}/resolve/{self.commit}/"
                 f"{quote(self._in_repo(path))}")
 
+    def located(self, path):
+        """Every file of the repo asked of one store, the endpoint's (not one per file)."""
+        return (self.endpoint + "/",
+                f"{self.type_prefix}{self.repo_id}/resolve/{self.commit}/{self._in_repo(path)}")
+
     def _listing(self, directory: str) -> tuple[set, set]:
         if directory not in self._listings:
             from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError

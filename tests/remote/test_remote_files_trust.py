@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import threading
 
@@ -17,6 +18,7 @@ from tests.remote.test_hostile_servers import _from_nginx, _json_answer, hostile
 HOSTILE_NAMES = ["nul%00byte.txt", "a%252F..%252Fb", "esc\x1b[31mred.txt", "rtl\u202etxt.exe",
                  "x" * 300, "\uff0e\uff0e", "back\\slash.txt"]
 EXTRA = {"a.json": b'{"a": 1}\n', "b.json": b'{"b": 22}\n', "stall.json": b"{}\n"}
+EXTRA.update({f"many{i:03d}.txt": b"file %d\n" % i for i in range(300)})
 
 
 def _hub_with_extra_files(nginx, names: list[str], stall: str | None = None):
@@ -88,3 +90,20 @@ def test_stat_in_files_answers_from_the_listing_while_a_server_stalls(nginx, hos
         assert (mnt / "files" / "b.json").read_bytes() == EXTRA["b.json"]
     finally:
         stalled.join(60)
+
+
+def _sockets(pid: int) -> int:
+    return sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+               for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_one_client_per_endpoint_not_per_file(nginx, hostile, rmount, tmp_path):  # noqa: F811
+    """300 files of one repo read: the daemon holds a few sockets, not one per file."""
+    many = [n for n in EXTRA if n.startswith("many")]
+    server = hostile(_hub_with_extra_files(nginx, many))
+    log = tmp_path / "daemon.log"
+    mnt = rmount("hf://tfs/safetensors", "--log", log, env={"HF_ENDPOINT": server.url})
+    for name in many:
+        assert (mnt / "files" / name).read_bytes() == EXTRA[name], name
+    pid = int(re.search(r"tensorfs\[(\d+)\]", log.read_text())[1])
+    assert _sockets(pid) < 20, _sockets(pid)
