@@ -110,9 +110,8 @@ class Companion:
     it (the source's, once opened, must agree)."""
 
     def __init__(self, name: str, path: str, opener, *, facts: Facts | None = None,
-                 listed_size: int | None = None, source=None, refused: str | None = None):
+                 listed_size: int | None = None, source=None):
         self.name = name
-        self.refused = refused          # why it is not served (said once the mount serves)
         self.path = path
         self._opener = opener
         self.facts = facts
@@ -238,10 +237,6 @@ class Companion:
 
     def start(self) -> None:
         """Called where the mount serves (tensorfs.mounttree.MountedModel.start)."""
-        if self.refused is not None:
-            # the daemon's log: at load, nothing but one error line reaches the terminal
-            log.warning("%s: not served in files/: %s", self.path, self.refused)
-            return
         with self._lock:
             self._started = True
             if self._source is not None:
@@ -253,6 +248,18 @@ class Companion:
             _open_local.pop(self, None)
         if source is not None:
             source.close()
+
+
+class Companions(tuple):
+    """The companions served, and (``refused``) the files left out, each (path, why): said
+    in the daemon's log once the mount serves (``say_refused``; at load, nothing but one
+    error line reaches the terminal)."""
+
+    refused: tuple = ()
+
+    def say_refused(self) -> None:
+        for path, why in self.refused:
+            log.warning("%s: not served in files/: %s", path, why)
 
 
 def _close_least_recent() -> None:
@@ -282,7 +289,7 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
 
     model_paths = {f.path for f in model.files}
     if named in model_paths:
-        return ()
+        return Companions()
     sizes: dict = {}
     refused: dict = {}
     if location.kind(named) == DIRECTORY:
@@ -297,25 +304,32 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
                     named, len(paths), MAX_COMPANIONS)
         del paths[MAX_COMPANIONS:]
     local = isinstance(location, LocalLocation)
-    companions = [Companion(name, named, None, refused=f"the listed name {ascii(name)[:80]} "
-                            f"is {why}: never asked for")
-                  for name, why in list(refused.items())[:MAX_REFUSED_SAID]]
+    notes = [(named, f"the listed name {ascii(name)[:80]} is {why}: never asked for")
+             for name, why in list(refused.items())[:MAX_REFUSED_SAID]]
     if len(refused) > MAX_REFUSED_SAID:
-        companions.append(Companion("", named, None, refused=f"{len(refused) - MAX_REFUSED_SAID}"
-                                    " more listed names that are not plain file names"))
+        notes.append((named, f"{len(refused) - MAX_REFUSED_SAID} more listed names that are "
+                      "not plain file names"))
+    companions = []
     for name, path in paths:
         source = location.opened.pop(path, None)
         if local:
-            companions.append(_local_companion(location, name, path, source))
+            companion = _local_companion(location, name, path, source)
+            if isinstance(companion, str):
+                notes.append((path, companion))
+            else:
+                companions.append(companion)
             continue
         companions.append(Companion(name, path, _remote_opener(location, path),
                                     listed_size=sizes.get(name), source=source))
-    return tuple(companions)
+    served = Companions(companions)
+    served.refused = tuple(notes)
+    return served
 
 
-def _local_companion(location, name: str, path: str, source) -> Companion:
+def _local_companion(location, name: str, path: str, source) -> Companion | str:
     """A local companion: opened now to check it (a regular file, where it may be) and
-    note what it is, then closed: read, it is opened again (``Companion``)."""
+    note what it is, then closed: read, it is opened again (``Companion``).  Or why it is
+    not served."""
     from tensorfs.source import ModelSource
 
     within = location.named_beside.get(path)   # None: the user named it (an index)
@@ -326,7 +340,7 @@ def _local_companion(location, name: str, path: str, source) -> Companion:
             source = ModelSource(path, within=within)
         facts = Facts.of(source.stat())
     except ModelError as error:
-        return Companion(name, path, None, refused=error.message)
+        return error.message
     finally:
         if source is not None:
             source.close()
@@ -444,6 +458,5 @@ def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileV
     sources = model.sources if sources is None else sources
     views = {_basename(f.path): WholeFileView(source=sources[f.path]) for f in model.files}
     for companion in model.companions:
-        if companion.refused is None:
-            views.setdefault(companion.name, WholeFileView(companion=companion))
+        views.setdefault(companion.name, WholeFileView(companion=companion))
     return dict(sorted(views.items()))
