@@ -435,13 +435,15 @@ def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     there, then serve until unmounted."""
     from tensorfs.fuse3 import FuseUnavailable
     from tensorfs.fusefs import serve
+    from tensorfs.wholefiles import read_bits
 
     log.info("mounting %s at %s (%d tensors)", mounted.model.source, mountpoint,
              len(mounted.model.tensors))
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready)
+              options=options, on_ready=on_ready,
+              file_mode=read_bits(mounted.sources.values()))     # no more than the model grants
     except FuseUnavailable as error:
         raise UserError(str(error)) from None
     finally:

@@ -377,7 +377,7 @@ class Session:
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
                  errno_of=lambda exc: errno.EIO, splice: bool = False,
-                 passthrough: bool = False):
+                 passthrough: bool = False, file_mode: int = 0o444):
         self.fs = fs
         self.lib = libfuse()
         self.errno_of = errno_of
@@ -385,6 +385,10 @@ class Session:
         self.negative_timeout = negative_timeout
         self.block_size = block_size
         self.uid, self.gid = uid, gid
+        # every node's mode but a file with its own (``Entry.owner``): read-only, no more
+        # than the model's files grant; a directory may be entered by whom may read
+        self.file_mode = file_mode & 0o444
+        self.dir_mode = (self.file_mode | self.file_mode >> 2) & 0o555
         self.mtime = divmod(mtime_ns, 1_000_000_000)
         self._pinned = threading.local()
         self._buffers: list[ctypes.Array] = []
@@ -407,7 +411,8 @@ class Session:
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
-        st.st_mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        st.st_mode = (stat.S_IFDIR | self.dir_mode) if entry.is_dir else (stat.S_IFREG |
+                                                                          self.file_mode)
         st.st_nlink = entry.nlink
         st.st_size = entry.size
         st.st_blocks = (entry.size + 511) // 512

@@ -143,7 +143,7 @@ class TensorFS:
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
-          options: MountOptions, on_ready=None) -> None:
+          options: MountOptions, on_ready=None, file_mode: int = 0o444) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
@@ -152,7 +152,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     fs = TensorFS(tree)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
-                      passthrough=PASSTHROUGH,
+                      passthrough=PASSTHROUGH, file_mode=file_mode,
                       attr_timeout=options.attr_timeout, entry_timeout=options.entry_timeout,
                       negative_timeout=options.negative_timeout)
     session.serve(mountpoint, options, on_ready=on_ready)

@@ -98,6 +98,17 @@ def owner_of(source) -> tuple[int, int, int] | None:
     return st.st_mode & READ_ONLY, st.st_uid, st.st_gid
 
 
+def read_bits(sources) -> int:
+    """The read bits every local source grants (``st_mode & 0o444`` of each, together):
+    what the mount's tensors, headers and metadata, made from them, may grant."""
+    bits = READ_ONLY
+    for source in sources:
+        owner = owner_of(source)
+        if owner is not None:
+            bits &= owner[0]
+    return bits
+
+
 _open_lock = threading.Lock()                   # the open local companions and their users
 _open_local: collections.OrderedDict = collections.OrderedDict()
 

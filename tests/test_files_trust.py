@@ -94,6 +94,37 @@ def test_a_second_user_gets_no_more_than_the_source_grants(shared_dir, users):
         _unmount(mnt)
 
 
+@needs_users
+def test_a_private_model_stays_private_under_allow_other(shared_dir, users):
+    """Tensors, headers and metadata are made from the model: a root 0600 model mounted
+    with allow_other grants the other user nothing (0400 files, 0500 directories); a
+    0644 one is read."""
+    _, attacker = users
+    private = _model(shared_dir / "private")
+    (private / "model.safetensors").chmod(0o600)
+    public = _model(shared_dir / "public")
+    mounts = {}
+    try:
+        for name, model in (("private", private), ("public", public)):
+            mnt = shared_dir / f"mnt-{name}"
+            result = _mount(model / "model.safetensors", mnt, "-o", "allow_other")
+            assert result.returncode == 0, result.stderr
+            mounts[name] = mnt
+        private_mnt, public_mnt = mounts["private"], mounts["public"]
+        assert os.stat(private_mnt / "w").st_mode & 0o777 == 0o400
+        assert os.stat(private_mnt).st_mode & 0o777 == 0o500
+        assert os.stat(public_mnt / "w").st_mode & 0o777 == 0o444
+        for path in ("w", "metadata.json", "header.bin", "files/model.safetensors"):
+            refused = attacker.run("cat", str(private_mnt / path))
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, path
+        assert attacker.run("ls", str(private_mnt)).returncode != 0
+        read = attacker.run("sh", "-c", f"cat {public_mnt / 'w'} | wc -c")
+        assert read.returncode == 0 and int(read.stdout) == 64 * 4, read
+    finally:
+        for mnt in mounts.values():
+            _unmount(mnt)
+
+
 def test_a_fifo_or_socket_beside_the_model_is_not_served(tmp_path, mount):
     model = _model(tmp_path / "model")
     os.mkfifo(model / "pipe.txt")
