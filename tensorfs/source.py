@@ -130,7 +130,7 @@ def opened_path(fd: int, path: str) -> str:
         real = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return os.path.realpath(path)
-    return real[:-len(" (deleted)")] if real.endswith(" (deleted)") else real
+    return real.removesuffix(" (deleted)")
 
 
 # The directories of a Hugging Face cache repo: ``models--ORG--NAME/snapshots/REV/x`` is a

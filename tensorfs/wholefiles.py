@@ -84,7 +84,7 @@ class Facts(NamedTuple):
     gid: int
 
     @classmethod
-    def of(cls, st) -> "Facts":
+    def of(cls, st) -> Facts:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode & READ_ONLY,
                    st.st_uid, st.st_gid)
 
@@ -318,8 +318,8 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     notes = [(named, f"the listed name {ascii(name)[:80]} is {why}: never asked for")
              for name, why in list(refused.items())[:MAX_REFUSED_SAID]]
     if len(refused) > MAX_REFUSED_SAID:
-        notes.append((named, f"{len(refused) - MAX_REFUSED_SAID} more listed names that are "
-                      "not plain file names"))
+        more = len(refused) - MAX_REFUSED_SAID
+        notes.append((named, f"{more} more listed names that are not plain file names"))
     companions = []
     for name, path in paths:
         source = location.opened.pop(path, None)

@@ -34,7 +34,7 @@ def shared_dir():
     path.chmod(0o755)
     yield path
     for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
+        subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -169,7 +169,7 @@ def test_a_hugging_face_cache_snapshot_mounts_and_serves(tmp_path, mount):
 
 def test_hf_shards_through_links_mount_and_a_shard_linked_outside_is_refused(tmp_path, mount):
     plain = tmp_path / "plain"
-    index, _, weight_map = write_hf_shards(plain)
+    _, _, weight_map = write_hf_shards(plain)
     repo = tmp_path / "models--org--sharded"
     snapshot, blobs = repo / "snapshots" / "rev", repo / "blobs"
     snapshot.mkdir(parents=True)
@@ -183,7 +183,7 @@ def test_hf_shards_through_links_mount_and_a_shard_linked_outside_is_refused(tmp
     # a plain directory whose shard is a link out of it: refused, in one line
     hostile = tmp_path / "hostile"
     shutil.copytree(plain, hostile)
-    shard = sorted(set(weight_map.values()))[0]
+    shard = min(weight_map.values())
     (hostile / shard).unlink()
     os.symlink(plain / shard, hostile / shard)
     (tmp_path / "refused").mkdir()
@@ -200,14 +200,14 @@ def test_many_files_under_a_low_descriptor_limit(tmp_path):
     are opened when read, a few at a time."""
     model = tmp_path / "many"
     tensors = {f"t{i}": np.full(8, i, dtype=np.float32) for i in range(80)}
-    index, _, weight_map = write_hf_shards(model, n_shards=40, tensors=tensors)
+    _, _, weight_map = write_hf_shards(model, n_shards=40, tensors=tensors)
     for i in range(999):
         (model / f"extra{i:04d}.txt").write_text(f"file {i}\n")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     result = subprocess.run(["prlimit", "--nofile=256", "--", *TENSORFS, "mount", str(model),
                              str(mnt), "--log", str(tmp_path / "daemon.log")],
-                            capture_output=True, text=True, timeout=120)
+                            check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     try:
         files = mnt / "files"
@@ -230,7 +230,7 @@ def test_running_out_of_descriptors_is_named_in_one_line(tmp_path):
                     tensors={f"t{i}": np.full(4, i, dtype=np.float32) for i in range(40)})
     (tmp_path / "mnt").mkdir()
     result = subprocess.run(["prlimit", "--nofile=30", "--", *TENSORFS, "mount", str(model),
-                             str(tmp_path / "mnt")], capture_output=True, text=True, timeout=60)
+                             str(tmp_path / "mnt")], check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert fuse_mounts_under(tmp_path / "mnt") == []
     assert result.stderr.count("\n") == 1, result.stderr
