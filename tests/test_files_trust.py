@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,16 @@ def test_many_files_under_a_low_descriptor_limit(tmp_path):
         assert len(os.listdir(files)) == 999 + 40 + 1
         for i in range(999):
             assert (files / f"extra{i:04d}.txt").read_text() == f"file {i}\n"
+
+        def read(i: int) -> str:           # at once: files closed to make room, none in use
+            fd = os.open(files / f"extra{i % 999:04d}.txt", os.O_RDONLY)
+            try:        # not from the page cache: the daemon reads it again
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                return os.pread(fd, 100, 0).decode()
+            finally:
+                os.close(fd)
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(read, range(2000))) == [f"file {i % 999}\n" for i in range(2000)]
         doc = json.loads((mnt / "metadata.json").read_text())
         for name in ("t0", "t39", "t79"):
             data = (mnt / doc["tensors"][name]["path"]).read_bytes()
