@@ -139,6 +139,20 @@ def test_a_fifo_or_socket_beside_the_model_is_not_served(tmp_path, mount):
         server.close()
 
 
+def test_local_names_that_are_not_plain_file_names_are_not_served(tmp_path, mount):
+    model = _model(tmp_path / "model")
+    hostile = ["esc\x1b[31mred.txt", "rtl\u202etxt.exe", "a%252F..%252Fb", "nul%00byte.txt",
+               "\uff0e\uff0e", "new\nline.txt"]
+    for name in hostile:
+        (model / name).write_text("x\n")
+    log = tmp_path / "daemon.log"
+    mnt = mount(model, "--log", log)
+    assert sorted(os.listdir(mnt / "files")) == ["config.json", "model.safetensors"]
+    text = log.read_text()
+    assert text.count("not served in files/") == len(hostile), text
+    assert "\x1b" not in text and "\u202e" not in text
+
+
 def _hf_cache(root: Path, repo: str = "models--org--name") -> Path:
     """A Hugging Face cache repo as huggingface_hub lays it out: blobs named by hash,
     snapshots/REV/NAME -> ../../blobs/HASH."""

@@ -38,6 +38,9 @@ def _hub_with_extra_files(nginx, names: list[str], stall: str | None = None):
             name = path.rsplit("/", 1)[-1]
             if name == stall:
                 await asyncio.Event().wait()
+            if name == "gone.json":
+                yield b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+                return
             if name in EXTRA:
                 body = EXTRA[name]
                 first, _, last = headers["range"].removeprefix("bytes=").partition("-")
@@ -107,3 +110,21 @@ def test_one_client_per_endpoint_not_per_file(nginx, hostile, rmount, tmp_path):
         assert (mnt / "files" / name).read_bytes() == EXTRA[name], name
     pid = int(re.search(r"tensorfs\[(\d+)\]", log.read_text())[1])
     assert _sockets(pid) < 20, _sockets(pid)
+
+
+def test_a_failed_open_is_not_asked_again_at_each_lookup(nginx, hostile, rmount):  # noqa: F811
+    server = hostile(_hub_with_extra_files(nginx, ["gone.json", "a.json"]))
+    mnt = rmount("hf://tfs/safetensors", env={"HF_ENDPOINT": server.url})
+    gone = mnt / "files" / "gone.json"
+
+    def asked() -> int:
+        return sum(p.endswith("/gone.json") for _, p, _ in server.requests)
+
+    assert gone.stat().st_size == 1 and asked() == 0        # the listing's size
+    for _ in range(3):
+        result = subprocess.run(["cat", str(gone)], check=False, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode != 0 and "Input/output error" in result.stderr
+        gone.stat()
+    assert asked() == 1
+    assert (mnt / "files" / "a.json").read_bytes() == EXTRA["a.json"]
