@@ -55,8 +55,18 @@ log = logging.getLogger("tensorfs")
 # Files of a directory served besides the model's, at most.  A model repository has a dozen.
 MAX_COMPANIONS = 1000
 
-# Local companions open at once, at most: one descriptor each while open.
+# Local companions open at once, at most: one descriptor each while open.  Fewer under a
+# low descriptor limit (a sixteenth of it), which the model's shards need more.
 MAX_OPEN_COMPANIONS = 64
+
+
+def _open_companions_allowed() -> int:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_COMPANIONS
+    return max(4, min(MAX_OPEN_COMPANIONS, soft // 16))
 
 # A remote companion whose open failed is not asked again for this long (a lookup answers
 # EIO at once meanwhile): one stalled server is not asked again at every ``stat``.
@@ -275,8 +285,8 @@ class Companions(tuple):
 
 def _close_least_recent() -> None:
     """Under ``_open_lock``: close the least recently used local companions no read holds,
-    until at most ``MAX_OPEN_COMPANIONS`` are open."""
-    excess = len(_open_local) - MAX_OPEN_COMPANIONS
+    until at most ``_open_companions_allowed()`` are open."""
+    excess = len(_open_local) - _open_companions_allowed()
     if excess <= 0:
         return
     for companion in list(_open_local):
