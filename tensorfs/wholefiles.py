@@ -143,6 +143,7 @@ class Companion:
         self._lock = threading.Lock()           # one thread opens; the others wait for it
         self._started = False
         self._failed: tuple[float, SourceError] | None = None
+        self._said = False
         if source is not None:
             self._opened(source)
 
@@ -231,7 +232,9 @@ class Companion:
                 return source
             source.close()
         problem.logged = True
-        log.error("%s", problem)
+        if not self._said:                  # once: a reader may try again and again
+            self._said = True
+            log.error("%s", problem)
         if not self._local:
             self._failed = (time.monotonic() + FAILED_OPEN_RETRY_S, problem)
         raise problem
