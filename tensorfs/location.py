@@ -232,7 +232,7 @@ class Location:
 class LocalLocation(Location):
     def kind(self, path: str) -> str | None:
         try:
-            mode = os.stat(path).st_mode        # symlinks followed (a Hugging Face snapshot)
+            mode = os.stat(path).st_mode        # links followed; where to: checked at open
         except OSError:
             return None
         if stat.S_ISREG(mode):
