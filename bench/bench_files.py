@@ -62,6 +62,8 @@ def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
     env = dict(os.environ)
     # copy: local reads copied through Python (the default); else splice offered
     env["TENSORFS_FD_REPLIES"] = "0" if copy else "1"
+    # passthrough is off by default (docs/reliability.md section 9): asked for, as measured
+    env["TENSORFS_PASSTHROUGH"] = "0" if copy else "1"
     if libdir:
         env["LD_LIBRARY_PATH"] = str(Path(libdir).resolve())
     best = {}

@@ -53,7 +53,10 @@ class _Files(Mapping):
 
     def __getitem__(self, name: str) -> WholeFile:
         view = self._views[name]
-        return WholeFile(name, view.size, view.mtime_ns)
+        mtime_ns = view.mtime_ns
+        if mtime_ns is None:        # a remote file not opened yet: its listing gave no mtime
+            mtime_ns = int(view.source.stat().st_mtime_ns)
+        return WholeFile(name, view.size, mtime_ns)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._views)

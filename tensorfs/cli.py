@@ -599,13 +599,15 @@ def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None
     there, then serve until unmounted."""
     from tensorfs.fuse3 import FuseUnavailable
     from tensorfs.fusefs import serve
+    from tensorfs.wholefiles import read_bits
 
     log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
              plural(len(mounted.model.tensors), "tensor"))
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready, editor=editor)
+              options=options, on_ready=on_ready, editor=editor,
+              file_mode=read_bits(mounted.sources.values()))     # no more than the model grants
     except FuseUnavailable as error:
         raise UserError(str(error)) from None
     finally:

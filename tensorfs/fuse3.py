@@ -41,6 +41,7 @@ ROOT_INO = 1
 FUSE_CAP_SPLICE_WRITE = 1 << 7
 FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
 FUSE_CAP_PASSTHROUGH = 1 << 29          # 3.17 on (Linux 6.9 on)
+FUSE_CAP_PARALLEL_DIROPS = 1 << 18      # fuse_common.h: lookups in one directory at once
 # struct fuse_buf's flags (enum fuse_buf_flags)
 FUSE_BUF_IS_FD = 1 << 1
 FUSE_BUF_FD_SEEK = 1 << 2
@@ -77,13 +78,15 @@ class Entry(NamedTuple):
     """What ``stat`` says of one node.  The rest (owner, times, block size) is the same for
     every node of a mount and given to ``Session``.  In a listing, ``size`` None means "not
     known without work": that entry goes without attributes and the kernel looks it up.
-    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's."""
+    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's; ``owner``:
+    the node's own (mode bits, uid, gid) (a local file of files/), else the mount's."""
     ino: int
     is_dir: bool
     size: int | None
     nlink: int
     mtime_ns: int | None = None
     writable: bool = False          # an editable mount's file or directory: the owner may write
+    owner: tuple[int, int, int] | None = None
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
@@ -406,7 +409,8 @@ class Session:
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
                  attr_timeout: float = 86400.0, entry_timeout: float = 86400.0,
                  negative_timeout: float = 86400.0, read_ahead_kib: int = 0,
-                 errno_of=lambda exc: errno.EIO, splice: bool = False, editable: bool = False):
+                 errno_of=lambda exc: errno.EIO, splice: bool = False, editable: bool = False,
+                 passthrough: bool = False, file_mode: int = 0o444):
         self.fs = fs
         self.editable = editable            # --edits: the write handlers below are installed
         self.lib = libfuse()
@@ -415,6 +419,10 @@ class Session:
         self.negative_timeout = negative_timeout
         self.block_size = block_size
         self.uid, self.gid = uid, gid
+        # every node's mode but a file with its own (``Entry.owner``): read-only, no more
+        # than the model's files grant; a directory may be entered by whom may read
+        self.file_mode = file_mode & 0o444
+        self.dir_mode = ((self.file_mode | self.file_mode >> 2) & 0o555) | 0o200
         self.mtime = divmod(mtime_ns, 1_000_000_000)
         self._pinned = threading.local()
         self._buffers: list[ctypes.Array] = []
@@ -431,6 +439,7 @@ class Session:
         self._ready_lock = threading.Lock()
         self.mechanism = self._fallback = COPY
         self.splice = splice                    # offered where there is no passthrough
+        self.passthrough = passthrough          # asked for (tensorfs.fusefs.PASSTHROUGH)
         self._backing: dict[int, int] = {}      # inode -> backing id (0: refused)
         self._backing_lock = threading.Lock()
         self._se = None                         # the session, while serving (invalidate)
@@ -442,10 +451,12 @@ class Session:
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
         st.st_ino = entry.ino
-        # Directories 0755, as a copy should be: `cp -r` keeps the modes, and a copy of 0555
-        # directories is one its owner cannot empty (rm -rf fails).  The mount stays
+        # Files grant no read bit the model's files lack; directories grant the same, plus the
+        # owner's write bit, as a copy should have: `cp -r` keeps the modes, and a copy of
+        # 0555 directories is one its owner cannot empty (rm -rf fails).  The mount stays
         # read-only (mounted ro: the kernel answers EROFS) unless it has --edits.
-        st.st_mode = (stat.S_IFDIR | 0o755) if entry.is_dir else (stat.S_IFREG | 0o444)
+        st.st_mode = (stat.S_IFDIR | self.dir_mode) if entry.is_dir else (stat.S_IFREG |
+                                                                          self.file_mode)
         if entry.writable:
             st.st_mode |= 0o200
         st.st_nlink = entry.nlink
@@ -453,6 +464,9 @@ class Session:
         st.st_blocks = (entry.size + 511) // 512
         st.st_blksize = self.block_size
         st.st_uid, st.st_gid = self.uid, self.gid
+        if entry.owner is not None:
+            mode, st.st_uid, st.st_gid = entry.owner
+            st.st_mode = stat.S_IFREG | mode
         sec, nsec = self.mtime if entry.mtime_ns is None else divmod(entry.mtime_ns, 1_000_000_000)
         for ts in (st.st_atim, st.st_mtim, st.st_ctim):
             ts.tv_sec, ts.tv_nsec = sec, nsec
@@ -495,6 +509,10 @@ class Session:
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
         # directory before it descends, and every entry without attributes costs a LOOKUP.
         self._unset_want(conn, FUSE_CAP_READDIRPLUS_AUTO)
+        # Lookups and listings of one directory at once: without it the kernel holds the
+        # directory's lock across each LOOKUP, so one slow answer delays every other name.
+        if self._capable(conn, FUSE_CAP_PARALLEL_DIROPS):
+            self._set_want(conn, FUSE_CAP_PARALLEL_DIROPS)
         # libfuse refuses INIT unless the filesystem repeats `-o max_read=N` here
         # (fuse_common.h: it "must be set both here and passed to fuse_session_new()").
         conn.contents.max_read = self._max_read
@@ -508,14 +526,15 @@ class Session:
         if splice:
             self._set_want(conn, FUSE_CAP_SPLICE_WRITE)
         self._fallback = SPLICE if splice else COPY
-        if (lib.version >= 317 and hasattr(lib, "fuse_passthrough_open")
+        if (self.passthrough and lib.version >= 317 and hasattr(lib, "fuse_passthrough_open")
                 and self._capable(conn, FUSE_CAP_PASSTHROUGH) and os.geteuid() == 0):
             self._set_want(conn, FUSE_CAP_PASSTHROUGH)
             conn.contents.max_backing_stack_depth = BACKING_STACKED_OVER
             log.info("local files: passthrough (the kernel reads whole files from their "
                      "backing file; tensor files by %s)", self._fallback)
             return PASSTHROUGH
-        why = ("libfuse 3.17 or later needed" if lib.version < 317 else
+        why = ("not asked for: TENSORFS_PASSTHROUGH=1" if not self.passthrough else
+               "libfuse 3.17 or later needed" if lib.version < 317 else
                "not root" if os.geteuid() != 0 else "the kernel does not offer it")
         log.info("local files: %s (no passthrough: %s)", self._fallback, why)
         return self._fallback

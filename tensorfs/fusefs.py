@@ -32,6 +32,13 @@ READ_AHEAD_KIB = 1024
 # (docs/benchmarks.md "Whole files": W1 0.09 vs 0.14, W3 0.07 vs 0.15 on libfuse 3.14).
 FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 
+# TENSORFS_PASSTHROUGH=1 lets the kernel read whole local files of files/ from the model's
+# own descriptor (libfuse >= 3.17, as root).  Off by default: once the kernel reads the file
+# itself, nothing checks it after the open, so a model rewritten in place under the mount
+# would be served its new bytes, a truncated one short (docs/reliability.md).  The copy path
+# checks the file after every read.  Turn it on only for files nothing rewrites.
+PASSTHROUGH = os.environ.get("TENSORFS_PASSTHROUGH", "0") == "1"
+
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
 KEEP_LISTING_ENTRIES = 64
@@ -105,8 +112,9 @@ class TensorFS:
             return Entry(node.ino, True, 0, nlink)
         view = node.view
         if listing and not getattr(view, "cheap_size", False):
-            return Entry(node.ino, False, None, 1)
-        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None))
+            return Entry(node.ino, False, None, 1, owner=getattr(view, "owner", None))
+        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None),
+                     getattr(view, "owner", None))
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
@@ -246,7 +254,7 @@ class TensorFS:
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
-          options: MountOptions, on_ready=None, editor=None) -> None:
+          options: MountOptions, on_ready=None, editor=None, file_mode: int = 0o444) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
@@ -259,6 +267,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
         if editor is None else (options.attr_timeout, 0.0, 0.0)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
+                      passthrough=PASSTHROUGH, file_mode=file_mode,
                       attr_timeout=timeouts[0], entry_timeout=timeouts[1],
                       negative_timeout=timeouts[2], editable=editor is not None)
     fs.invalidate = session.invalidate

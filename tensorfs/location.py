@@ -95,6 +95,9 @@ class Location:
 
     def __init__(self):
         self.opened: dict[str, object] = {}
+        # path -> the directory whose listing or index named it (``sibling``): such a file
+        # must lie in that directory (a local one: ``tensorfs.source.contained_problem``)
+        self.named_beside: dict[str, str] = {}
 
     # -- to be given by each kind of place -------------------------------------------------
     def normalize(self, path: str) -> str:
@@ -110,6 +113,11 @@ class Location:
 
     def _open(self, path: str):
         raise NotImplementedError
+
+    def sizes(self, directory: str) -> dict[str, int]:
+        """Name -> size of the files ``directory``'s listing gave with their sizes (none
+        where a listing gives names only): what ``stat`` answers without a request."""
+        return {}
 
     def join(self, directory: str, name: str) -> str:
         raise NotImplementedError
@@ -145,12 +153,22 @@ class Location:
         problem = name_problem(name)
         if problem is not None:
             raise ValueError(problem)
-        return self.join(directory, name)
+        path = self.join(directory, name)
+        self.named_beside.setdefault(path, directory)
+        return path
 
-    def listed(self, directory: str) -> list[str]:
+    def listed(self, directory: str, refused: dict | None = None) -> list[str]:
         """``files(directory)`` without the names that are not plain file names there (a
-        listing is the server's word, read like a model's)."""
-        return [n for n in self.files(directory) if name_problem(n) is None]
+        listing is the server's word, read like a model's): nothing is ever asked for
+        under such a name.  ``refused``: filled with each name left out and why."""
+        names = []
+        for name in self.files(directory):
+            problem = name_problem(name)
+            if problem is None:
+                names.append(name)
+            elif refused is not None:
+                refused[name] = problem
+        return names
 
     def open(self, path: str):
         """The source of ``path`` (kept until ``attach`` or ``close_all``)."""
@@ -214,7 +232,7 @@ class Location:
 class LocalLocation(Location):
     def kind(self, path: str) -> str | None:
         try:
-            mode = os.stat(path).st_mode        # symlinks followed (a Hugging Face snapshot)
+            mode = os.stat(path).st_mode        # links followed; where to: checked at open
         except OSError:
             return None
         if stat.S_ISREG(mode):
@@ -232,7 +250,7 @@ class LocalLocation(Location):
     def _open(self, path: str):
         from tensorfs.source import ModelSource
 
-        return ModelSource(path)
+        return ModelSource(path, within=self.named_beside.get(path))
 
     def join(self, directory: str, name: str) -> str:
         return os.path.join(directory, name)

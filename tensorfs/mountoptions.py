@@ -37,7 +37,7 @@ DAY_S = 86400.0         # the model is immutable: attributes, names and misses k
 _FLAGS = {
     "allow_other": "other users may read the mount (non-root: user_allow_other in /etc/fuse.conf)",
     "allow_root": "root may read the mount too",
-    "default_permissions": "the kernel checks the 0444/0555 modes (always on)",
+    "default_permissions": "the kernel checks the modes, no more than the model grants (always on)",
     "ro": "read-only (always on)",
     "nodev": "always on", "nosuid": "always on",
     "dev": "accepted for mount.fuse3; nodev stays", "suid": "accepted for mount.fuse3; nosuid stays",

@@ -52,6 +52,7 @@ class MountedModel:
                 blocks.page_cached = False
         for companion in self.model.companions:
             companion.start()
+        getattr(self.model.companions, "say_refused", lambda: None)()     # tensorfs.wholefiles
         aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),

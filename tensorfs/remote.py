@@ -112,6 +112,12 @@ class RemoteLocation(Location):
         except FetchError as error:
             raise _mount_error(error, directory) from None
 
+    def sizes(self, directory: str) -> dict[str, int]:
+        try:
+            return self.transport.sizes(directory)
+        except FetchError as error:
+            raise _mount_error(error, directory) from None
+
     def _open(self, path: str):
         if path in self._missing:       # asked already (kind): not asked twice
             raise self._missing[path]

@@ -14,8 +14,9 @@ What is accepted, and the choices where the formats' own tools are silent:
   sorted order (what ``transformers`` does); ``Model.tensors`` is each shard's tensors in
   file order, shard after shard.  A shard name must be a plain file name in the index's
   directory ("sub/x", "../x", "/abs/x" are refused: nothing outside that directory is ever
-  opened through an index).  Symlinks are followed: a Hugging Face cache snapshot is a
-  directory of symlinks into ``../../blobs``.  A tensor the index names must be in the shard
+  opened through an index).  A symlink is followed only to a file inside the directory,
+  or from a Hugging Face cache snapshot into its own ``../../blobs``
+  (``tensorfs.source.contained_problem``).  A tensor the index names must be in the shard
   it names; a tensor a shard holds but the index does not list is served anyway (the
   Hugging Face loaders read whole shard files too); the same name in two shards is refused.
   ``total_size`` is not checked (writers disagree on what it counts).
@@ -29,7 +30,7 @@ What is accepted, and the choices where the formats' own tools are silent:
   prefix.  ``Model.metadata`` is the first shard's KV pairs, ``split.*`` included (they are
   real keys of that file); the others hold only ``split.*`` keys and are checked, not
   merged.  A file whose ``split.count`` is absent, 0 or 1 is an ordinary single file.
-* **A directory**: its non-hidden regular files (symlinks followed, subdirectories not
+* **A directory**: its non-hidden regular files (symlinks as above, subdirectories not
   searched) are sorted into candidates: each ``*.safetensors.index.json``, each GGUF split
   set (one candidate, its first shard, even if that one is missing), and each other
   ``*.safetensors`` / ``*.gguf`` that is not a shard of an index or of a split set

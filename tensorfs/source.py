@@ -49,6 +49,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import stat
 import threading
 import time
@@ -72,20 +73,91 @@ def _stamp(st: os.stat_result) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def open_regular_file(path: str) -> int:
+def open_regular_file(path: str, within: str | None = None) -> int:
     """A descriptor of ``path`` if it is a regular file; ``ModelError`` saying what it is
     otherwise.  ``O_NONBLOCK``: opening a FIFO does not wait for a writer (and it is refused
-    before any read); it changes nothing for a regular file."""
+    before any read); it changes nothing for a regular file.
+
+    ``within``: the directory whose listing (or index) named ``path``, rather than the
+    user: the file opened must then lie inside it (``contained_problem``), checked on the
+    descriptor itself (``/proc/self/fd``), not on a path that can change between a check
+    and the open; a path that is not a symbolic link is opened with ``O_NOFOLLOW``, so
+    that one swapped for a link meanwhile is refused too."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if within is not None:
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                flags |= os.O_NOFOLLOW
+        except OSError:
+            pass                            # the open says why
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except OSError as error:
-        raise ModelError("unreadable", f"cannot open: {error.strerror}", file=path) from None
+        raise ModelError("unreadable", f"cannot open: {open_error(error)}", file=path) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         what = "is a directory" if stat.S_ISDIR(mode) else f"not a regular file ({file_kind(mode)})"
         raise ModelError("not_a_file", what, file=path)
+    if within is not None:
+        problem = contained_problem(within, opened_path(fd, path))
+        if problem is not None:
+            os.close(fd)
+            raise ModelError("outside", problem, file=path)
     return fd
+
+
+def open_error(error: OSError) -> str:
+    """Why an open failed, in words; running out of descriptors names the limit, since
+    no file is at fault then."""
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return too_many_open_files()
+    if error.errno == errno.ELOOP:
+        return "it is a symbolic link now (it was not when listed)"
+    return error.strerror or str(error)
+
+
+def too_many_open_files() -> str:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return (f"too many open files (this process may hold {soft}: raise `ulimit -n`, or mount "
+            "fewer files)")
+
+
+def opened_path(fd: int, path: str) -> str:
+    """The path of the file ``fd`` holds, as the kernel says (links resolved); where
+    ``/proc`` is not mounted, ``path`` resolved now."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    return real.removesuffix(" (deleted)")
+
+
+# The directories of a Hugging Face cache repo: ``models--ORG--NAME/snapshots/REV/x`` is a
+# link to ``../../blobs/HASH`` (datasets-- and spaces-- likewise).
+HF_REPO_PREFIXES = ("models--", "datasets--", "spaces--")
+
+
+def contained_problem(directory: str, real: str) -> str | None:
+    """Why the file at ``real`` (a resolved path) is not one that ``directory``'s listing
+    may serve, or None: it lies inside ``directory`` (links resolved), or ``directory`` is
+    a Hugging Face cache snapshot (``.../models--ORG--NAME/snapshots/REV``) and it lies in
+    that repo's own ``blobs/``.  Nothing else: a link planted beside a model never takes
+    a file from elsewhere (``/etc/shadow``) into the mount."""
+    root = os.path.realpath(directory)
+    if _inside(real, root):
+        return None
+    snapshots, repo = os.path.dirname(root), os.path.dirname(os.path.dirname(root))
+    if (os.path.basename(snapshots) == "snapshots"
+            and os.path.basename(repo).startswith(HF_REPO_PREFIXES)
+            and _inside(real, os.path.join(repo, "blobs"))):
+        return None
+    return ("a link to a file outside the model's directory (only a Hugging Face cache "
+            "snapshot's links into its own blobs/ are followed)")
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path.startswith(directory.rstrip("/") + "/")
 
 
 def file_kind(mode: int) -> str:
@@ -100,10 +172,10 @@ def file_kind(mode: int) -> str:
 class ModelSource:
     version = None              # a local file is watched for changes instead (above)
 
-    def __init__(self, path: str, expected_size: int | None = None):
+    def __init__(self, path: str, expected_size: int | None = None, within: str | None = None):
         self.path = path
         self._abspath = os.path.abspath(path)     # the daemon works from "/" (tensorfs.daemon)
-        self.fd = open_regular_file(path)
+        self.fd = open_regular_file(path, within)
         self._warn_lock = threading.Lock()
         st = os.fstat(self.fd)
         if expected_size is None:

@@ -67,7 +67,8 @@ def test_files_holds_each_file_as_it_is_on_disk(tmp_path, mount, form):
         assert subprocess.run(["cmp", str(local), str(served)]).returncode == 0, local.name
         st, mine = os.stat(served), os.stat(local)
         assert (st.st_size, st.st_mtime_ns) == (mine.st_size, mine.st_mtime_ns), local.name
-        assert st.st_mode & 0o777 == 0o444
+        assert st.st_mode & 0o777 == mine.st_mode & 0o444     # its own, read-only
+        assert (st.st_uid, st.st_gid) == (mine.st_uid, mine.st_gid)
     # and the library gives the same list (SPEC §9)
     with tensorfs.open(given) as m:
         assert list(m.files) == sorted(p.name for p in expected)
@@ -156,18 +157,20 @@ def test_a_file_changed_under_the_mount_is_refused_at_open(tmp_path, mount, chan
     assert (mnt / "files" / other.name).read_bytes() == other.read_bytes()
 
 
-def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount):
-    """Passthrough where libfuse >= 3.17 and root (this file runs against each libfuse in
-    tests/test_libfuse_matrix.py), copies before (splice only when asked for:
-    TENSORFS_FD_REPLIES=1)."""
+@pytest.mark.parametrize("asked", [False, True])
+def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount, asked):
+    """Copies by default; passthrough only where asked for (TENSORFS_PASSTHROUGH=1), libfuse
+    >= 3.17 and root (this file runs against each libfuse in tests/test_libfuse_matrix.py);
+    splice only when asked for (TENSORFS_FD_REPLIES=1)."""
     given = tmp_path / "big.safetensors"
     save_file({"w": np.arange(2 << 20, dtype=np.float32)}, str(given))        # 8 MiB
     log = tmp_path / "daemon.log"
-    mnt = mount(given, "--log", log)
+    mnt = mount(given, "--log", log, env={"TENSORFS_PASSTHROUGH": "1" if asked else None})
     text = log.read_text()
     version = re.search(r"libfuse (\d+)\.(\d+)", text)
     assert version, text
-    passthrough = (int(version[1]), int(version[2])) >= (3, 17) and os.geteuid() == 0
+    passthrough = (asked and (int(version[1]), int(version[2])) >= (3, 17)
+                   and os.geteuid() == 0)
     pid = int(re.search(r"tensorfs\[(\d+)\]", text)[1])
     before = _bytes_read(pid)
     assert (mnt / "files" / given.name).read_bytes() == given.read_bytes()

@@ -284,10 +284,11 @@ def test_a_shard_tensor_the_index_does_not_list_is_served(tmp_path, mount):
 
 def test_symlinked_shards_are_followed(tmp_path, mount):
     """A Hugging Face cache snapshot: every file a symlink into ../../blobs."""
-    index, tensors, _ = write_hf_shards(tmp_path / "blobs")
-    snap = tmp_path / "snapshots" / "rev"
+    repo = tmp_path / "models--org--name"
+    index, tensors, _ = write_hf_shards(repo / "blobs")
+    snap = repo / "snapshots" / "rev"
     snap.mkdir(parents=True)
-    for path in (tmp_path / "blobs").iterdir():
+    for path in (repo / "blobs").iterdir():
         (snap / path.name).symlink_to(os.path.relpath(path, snap))
     mnt = mount(snap)
     doc = doc_of(mnt)

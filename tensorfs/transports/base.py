@@ -169,4 +169,9 @@ class Transport:
     def files(self, directory: str) -> list[str]:
         raise NotImplementedError
 
+    def sizes(self, directory: str) -> dict[str, int]:
+        """Name -> size, for the files whose size ``directory``'s listing gave (asked after
+        ``files``: a transport that keeps its listing asks nothing again)."""
+        return {}
+
 

@@ -184,3 +184,15 @@ class CloudTransport(Transport):
                         where=self._where())
         names = (str(meta["path"]).rsplit("/", 1)[-1] for meta in found.get("objects", []))
         return sorted(n for n in names if n and not n.startswith("."))
+
+    def sizes(self, directory):
+        bucket, key = self._bucket_key(directory)
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        found = listing(self._store(bucket), prefix, timeout=self.settings.timeout,
+                        where=self._where())
+        sizes = {}
+        for meta in found.get("objects", []):
+            name, size = str(meta["path"]).rsplit("/", 1)[-1], meta.get("size")
+            if name and type(size) is int and size >= 0:
+                sizes[name] = size
+        return sizes

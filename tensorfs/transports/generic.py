@@ -90,6 +90,12 @@ class FsspecTransport(Transport):
                       if e.get("type") == "file"
                       and not posixpath.basename(e["name"].rstrip("/")).startswith("."))
 
+    def sizes(self, directory):
+        entries = self._call(self.fs.ls, self._path(directory), detail=True,
+                             timeout=self.settings.timeout)
+        return {posixpath.basename(e["name"].rstrip("/")): e["size"] for e in entries
+                if e.get("type") == "file" and type(e.get("size")) is int and e["size"] >= 0}
+
 
 def _os_error(error: OSError) -> FetchError:
     """What a filesystem's own error says (fsspec raises the builtin kinds)."""

@@ -67,8 +67,21 @@ class HttpTransport(Transport):
         parts = urlsplit(self.real(path))
         return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path, parts.query, ""))
 
-    def _store(self, path: str):
+    def located(self, path: str) -> tuple[str, str]:
+        """(the URL a store is made for, the path asked of that store) for ``path``: one
+        store (one client, one pool of kept-alive connections) per endpoint, whatever the
+        number of files asked of it.  A URL with a query (the named one's signature) or
+        with percent-escapes of its own keeps a store of its own: asked as it is, never
+        decoded and encoded again."""
         url = self.real(path)
+        parts = urlsplit(url)
+        if parts.query or "%" in parts.path:
+            return url, ""
+        return urlunsplit((parts.scheme, parts.netloc, "/", "", "")), parts.path.lstrip("/")
+
+    def _store(self, path: str) -> tuple[tuple, str]:
+        """(the store's spec, the path to ask it for)."""
+        url, relative = self.located(path)
         store = self._stores.get(url)
         if store is None:
             parts = urlsplit(url)
@@ -83,21 +96,21 @@ class HttpTransport(Transport):
                 raise ModelError("remote_options", f"cannot use this URL: {store_problem(error)}",
                                  file=display_url(self.url)) from None
             self._stores[url] = store
-        return store
+        return store, relative
 
     def _where(self, path: str) -> str:
         parts = urlsplit(path)
         return parts.netloc.rpartition("@")[2]
 
     def probe(self, path, timeout):
-        store = self._store(path)
+        store, relative = self._store(path)
         try:
-            body, meta = get_exact(store, "", 0, PROBE_BYTES, timeout=timeout,
+            body, meta = get_exact(store, relative, 0, PROBE_BYTES, timeout=timeout,
                                    hint_401=self.hint_401, probe=True, where=self._where(path))
         except FetchError as error:
             if error.status != 416:
                 raise
-            meta = head(store, "", timeout=timeout, hint_401=self.hint_401,
+            meta = head(store, relative, timeout=timeout, hint_401=self.hint_401,
                         where=self._where(path))    # an empty file
             if meta["size"] != 0:
                 raise
@@ -110,7 +123,8 @@ class HttpTransport(Transport):
         if end <= start:
             return b""
         etag = version if self.etag_checked else None
-        body, meta = get_exact(self._store(path), "", start, end, timeout=timeout,
+        store, relative = self._store(path)
+        body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
                                hint_401=self.hint_401, where=self._where(path))
         if etag and meta.get("e_tag") != etag:

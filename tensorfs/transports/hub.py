@@ -128,6 +128,7 @@ class HubTransport(HttpTransport):
         if not hasattr(self, "commit"):
             self.commit = self._resolve()
         self._listings: dict[str, tuple[set, set]] = {}
+        self._sizes: dict[str, dict[str, int]] = {}
 
     def _hub_call(self, fn, what: str):
         """``fn()`` (a huggingface_hub call), within ``--timeout``; a failure the Hub's
@@ -200,12 +201,17 @@ class HubTransport(HttpTransport):
         return (f"{self.endpoint}/{self.type_prefix}{self.repo_id}/resolve/{self.commit}/"
                 f"{quote(self._in_repo(path))}")
 
+    def located(self, path):
+        """Every file of the repo asked of one store, the endpoint's (not one per file)."""
+        return (self.endpoint + "/",
+                f"{self.type_prefix}{self.repo_id}/resolve/{self.commit}/{self._in_repo(path)}")
+
     def _listing(self, directory: str) -> tuple[set, set]:
         if directory not in self._listings:
             from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
 
             shown = f"{self.root}/{directory}".rstrip("/")
-            files, dirs = set(), set()
+            files, dirs, sizes = set(), set(), {}
             try:
                 entries = self._hub_call(lambda: list(islice(self.api.list_repo_tree(
                     self.repo_id, path_in_repo=directory or None, revision=self.commit,
@@ -231,7 +237,11 @@ class HubTransport(HttpTransport):
                 name = str(getattr(entry, "path", "")).rsplit("/", 1)[-1]
                 if name:
                     (dirs if type(entry).__name__ == "RepoFolder" else files).add(name)
+                    size = getattr(entry, "size", None)
+                    if type(entry).__name__ != "RepoFolder" and type(size) is int and size >= 0:
+                        sizes[name] = size
             self._listings[directory] = (files, dirs)
+            self._sizes[directory] = sizes
         return self._listings[directory]
 
     def kind(self, path):
@@ -245,3 +255,8 @@ class HubTransport(HttpTransport):
     def files(self, directory):
         return sorted(n for n in self._listing(self._in_repo(directory))[0]
                       if not n.startswith("."))
+
+    def sizes(self, directory):
+        in_repo = self._in_repo(directory)
+        self._listing(in_repo)
+        return dict(self._sizes.get(in_repo, {}))

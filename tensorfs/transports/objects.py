@@ -366,6 +366,9 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
         return FetchError("no_range", NO_RANGE, status=200)
     if status:
         return status_error(int(status.group(1)), hint_401)
+    if "Too many open files" in text or "os error 24" in text:
+        from tensorfs.source import too_many_open_files     # no server at fault: the limit
+        return FetchError("http", too_many_open_files())
     if "kind: Timeout" in text or "TimedOut" in text:
         return FetchError("timeout", timeout_text, transient=True)
     if "InvalidCertificate(" in text:
