@@ -85,8 +85,8 @@ class Entry(NamedTuple):
     size: int | None
     nlink: int
     mtime_ns: int | None = None
-    writable: bool = False          # an editable mount's file or directory: the owner may write
     owner: tuple[int, int, int] | None = None
+    writable: bool = False          # an editable mount's file or directory: the owner may write
 
 
 # -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
