@@ -100,6 +100,12 @@ def worker_count(text: str) -> int:
         n = -1
     if n < 0:
         raise argparse.ArgumentTypeError(f"not a number of processes: {text!r} (0 or more)")
+    from tensorfs.workers import MAX_WORKERS_PER_CPU, max_workers, usable_cpus
+
+    if n > max_workers():
+        raise argparse.ArgumentTypeError(
+            f"{n} is more than this machine can use: at most {max_workers()} "
+            f"({MAX_WORKERS_PER_CPU} per usable CPU, {usable_cpus()} here)")
     return n
 
 
@@ -441,7 +447,7 @@ def _serve(mounted, mountpoint: str, st, options, on_ready) -> None:
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready)
+              options=options, on_ready=on_ready, on_stop=mounted.stop)
     except FuseUnavailable as error:
         raise UserError(str(error)) from None
     finally:

@@ -11,6 +11,7 @@ import logging
 import os
 
 from tensorfs.fuse3 import Entry, FsError, Session
+from tensorfs.longwork import NotReady
 from tensorfs.mountoptions import MountOptions
 from tensorfs.namespace import DirNode, Tree
 from tensorfs.source import SourceError
@@ -123,7 +124,10 @@ class TensorFS:
     def getxattr(self, ino: int, name: str) -> bytes:
         xattrs = getattr(self._node(ino), "xattrs", {})
         if name in xattrs:
-            return xattrs[name]
+            try:
+                return xattrs[name]
+            except NotReady:        # long work started by this ask: "ask again", not logged
+                raise FsError(errno.EAGAIN) from None
         if not name.startswith("user."):
             # "Not supported here", not "no such attribute": ls -l remembers it and stops
             # asking every file for its SELinux label and ACLs (a round trip each).
@@ -135,15 +139,16 @@ class TensorFS:
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
-          options: MountOptions, on_ready=None) -> None:
+          options: MountOptions, on_ready=None, on_stop=None) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
     once (``tensorfs.mountoptions``); the timeouts and the thread count are answered here,
-    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
+    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md).  ``on_stop()``
+    is called as soon as the mount is told to end, requests still in flight (``Session``)."""
     fs = TensorFS(tree)
     session = Session(fs, uid=uid, gid=gid, mtime_ns=mtime_ns, block_size=BLOCK_SIZE,
                       read_ahead_kib=READ_AHEAD_KIB, errno_of=fs.errno_of, splice=FD_REPLIES,
                       attr_timeout=options.attr_timeout, entry_timeout=options.entry_timeout,
                       negative_timeout=options.negative_timeout)
-    session.serve(mountpoint, options, on_ready=on_ready)
+    session.serve(mountpoint, options, on_ready=on_ready, on_stop=on_stop)
