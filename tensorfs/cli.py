@@ -539,7 +539,9 @@ def cmd_unmount(args) -> int:
     if pid is None:
         daemon.forget(mountpoint)     # a daemon that died (SIGKILL) left its files
     elif not args.lazy:
-        daemon.wait_exit(pid)
+        said = daemon.wait_exit(pid, args.mountpoint)
+        if said is not None:
+            sys.stderr.write(f"tensorfs: {printable(said)}\n")
     return 0
 
 
