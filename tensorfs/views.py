@@ -542,7 +542,10 @@ class ConvertedView:
         key = (self.key, index)
         if index * self.chunk_out >= self.size or self.stream.peek(key) or self.cache.peek(key):
             return
-        executor.submit(self._quiet_chunk, index)
+        try:
+            executor.submit(self._quiet_chunk, index)
+        except RuntimeError:    # no thread to be had (RLIMIT_NPROC, memory): read-ahead is
+            pass                # only ever a head start, and never fails the read it follows
 
     def _quiet_chunk(self, index: int) -> None:
         try:

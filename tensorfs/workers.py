@@ -146,7 +146,7 @@ def start_ahead(size: int | None = None, slot_bytes: int = SLOT_BYTES,
 
 
 class _Worker:
-    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready")
+    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready", "started")
 
     def __init__(self, index: int, proc: subprocess.Popen, sock: socket.socket, pidfd: int):
         self.index = index
@@ -155,6 +155,7 @@ class _Worker:
         self.pidfd = pidfd
         self.dead = False
         self.ready = False      # said so once its imports were done
+        self.started = time.monotonic()
 
 
 class WorkerPool:
@@ -196,6 +197,9 @@ class WorkerPool:
         self._arena_fd = -1
         self._wake_r = self._wake_w = -1
         self._wanted = threading.Event()
+        self._failures = 0            # failed starts (or deaths before ready) in a row
+        self._failed_at = 0.0         # the last one (monotonic)
+        self._next_start = 0.0        # no start before this: the back-off
 
     # -- life -----------------------------------------------------------------------------
     def start(self, ahead: bool = False) -> None:
@@ -318,8 +322,6 @@ class WorkerPool:
 
     def _keep_loop(self) -> None:
         last_start = [0.0] * self.size
-        self._failures = 0            # failed starts (or deaths before ready) in a row
-        self._next_start = 0.0        # no start before this (monotonic): the back-off
         gave_up = False
         while not self._closed:
             for i, w in enumerate(self._workers):
@@ -377,6 +379,7 @@ class WorkerPool:
         """One more failed start in a row: the next one waits twice as long as the last
         (one log line when it starts failing, one when it gives up).  True: give up."""
         self._failures += 1
+        self._failed_at = time.monotonic()
         pause = min(MAX_BACKOFF_S, RESPAWN_PAUSE_S * 2 ** (self._failures - 1))
         self._next_start = time.monotonic() + pause
         alive = sum(1 for w in self._workers if w is not None and not w.dead)
@@ -404,7 +407,8 @@ class WorkerPool:
             w.ready = True
             self.ready_workers += 1
             self._ready_cond.notify_all()
-        self._failures = 0            # starting works (again)
+        if w.started > self._failed_at:
+            self._failures = 0        # starting works again (not a start from before)
         self._idle.put(w)
         if self.ready_workers == self.size:
             log.info("%d conversion workers ready (pids %s)", self.size,
