@@ -341,3 +341,23 @@ def test_the_mount_ends_at_once_while_a_large_tensor_is_hashed(tmp_path, mnt, ho
     assert outcome == {"errno": errno.EAGAIN}
     assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
     _clean(mnt)
+
+
+@pytest.mark.slow
+def test_unmount_ends_a_daemon_that_does_not_exit_and_says_so(tmp_path, mnt, model):
+    """A daemon that cannot exit by itself (stopped here with SIGSTOP) once its mount is
+    gone serves nothing: unmount stops it (SIGTERM, then SIGKILL) and says so in one line,
+    naming its pid, instead of leaving it running."""
+    assert run_tensorfs("mount", model, mnt).returncode == 0
+    pid = daemon_pid(mnt)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        result = run_tensorfs("unmount", mnt, env={**os.environ, "TENSORFS_UNMOUNT_WAIT_S": "1"})
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"tensorfs: {mnt}: the daemon (pid {pid}) did not exit within 1 s "
+                             f"after unmount: stopped it with SIGKILL\n")
+    assert not alive(pid)
+    _clean(mnt)
