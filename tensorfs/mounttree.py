@@ -41,6 +41,9 @@ class MountedModel:
     pool: WorkerPool | None = None
     whole_files: bool = False           # files/ is served
     long_work: LongWork | None = None   # what no request waits for (the sha256 xattr)
+    # generated files whose size costs generating them whole (metadata.json: O(model)):
+    # learnt in the background from the start, so that a stat seldom waits for it
+    measured_ahead: tuple = ()
 
     def start(self, mountpoint: str | None = None) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
@@ -62,6 +65,9 @@ class MountedModel:
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()
+        if self.measured_ahead:
+            threading.Thread(target=self._measure_ahead, name="tensorfs-sizes",
+                             daemon=True).start()
         if self.pool is None:
             log.info("conversions in the daemon's threads (no worker processes)")
         else:
@@ -72,6 +78,13 @@ class MountedModel:
             # in the background: the sum goes over every tensor, and the mount is live now
             threading.Thread(target=self._start_workers_ahead, name="tensorfs-workers-ahead",
                              daemon=True).start()
+
+    def _measure_ahead(self) -> None:
+        for view in self.measured_ahead:
+            try:
+                view.size
+            except Exception as error:      # the request that asks says it
+                log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
 
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
@@ -89,6 +102,8 @@ class MountedModel:
         Conversions in flight finish (each is one chunk) and are answered."""
         if self.long_work is not None:
             self.long_work.stop()
+        for view in self.measured_ahead:
+            view.stop()
         for source in list(self.sources.values()) + list(self.model.companions):
             abort = getattr(source, "abort", None)
             if abort is not None:
@@ -328,7 +343,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
         paths, plans = describe(model, layout)
         return metadata_json_pieces(model, paths, plans, tensor_views)
 
-    tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
+    metadata_json = GeneratedView(cache, "metadata.json", produce_metadata_json)
+    tree.add_file("metadata.json", metadata_json)
     add_metadata_files(tree, model, cache)
 
     tensors = model.tensors
@@ -361,4 +377,4 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     if tensor_views:
         tree.add_tensors([t.name for t in tensors], layout, make_files)
     return MountedModel(model, tree, sources, cache, pool, whole_files="files" in views,
-                        long_work=long_work)
+                        long_work=long_work, measured_ahead=(metadata_json,))
