@@ -82,8 +82,8 @@ class MountedModel:
     def _measure_ahead(self) -> None:
         for view in self.measured_ahead:
             try:
-                view.size
-            except Exception as error:      # the request that asks says it
+                _ = view.size               # learnt once, kept by the view
+            except Exception as error:      # noqa: BLE001 - the request that asks says it
                 log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
 
     def _start_workers_ahead(self) -> None:
@@ -218,7 +218,7 @@ class _Checked:
     """A view whose every read first asks ``check()`` whether to go on (it raises to stop):
     long work over a view ends within one read of being cancelled."""
 
-    __slots__ = ("view", "check", "size")
+    __slots__ = ("check", "size", "view")
 
     def __init__(self, view, check):
         self.view, self.check, self.size = view, check, view.size
