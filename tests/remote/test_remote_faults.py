@@ -359,4 +359,4 @@ def test_a_signal_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors
         p.clear()
         p.stop()
         if fuse_mounts_under(tmp_path):
-            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True, check=False)
