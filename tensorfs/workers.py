@@ -344,7 +344,6 @@ class WorkerPool:
                     break             # not the next slot at once: it would fail the same way
                 self._workers[i] = new
             watched = {w.pidfd: w for w in self._workers if w is not None and not w.dead}
-            watched = {w.pidfd: w for w in self._workers if w is not None and not w.dead}
             starting = {w.sock.fileno(): w for w in self._workers
                         if w is not None and not w.dead and not w.ready}
             pending = not gave_up and any(w is None for w in self._workers)
@@ -372,7 +371,7 @@ class WorkerPool:
                     if w.ready:
                         log.error("%s; starting another", said)
                     else:                 # died starting: that counts as a failed start
-                        gave_up = self._start_failed(said + " while starting")
+                        gave_up = self._start_failed(said + " while starting") or gave_up
                 self._mark_dead(w)
 
     def _start_failed(self, said: str) -> bool:
@@ -383,7 +382,10 @@ class WorkerPool:
         pause = min(MAX_BACKOFF_S, RESPAWN_PAUSE_S * 2 ** (self._failures - 1))
         self._next_start = time.monotonic() + pause
         alive = sum(1 for w in self._workers if w is not None and not w.dead)
-        if self._failures >= GIVE_UP_FAILURES:
+        if self._failures > GIVE_UP_FAILURES:       # given up already: said once
+            log.debug("%s", said)
+            return True
+        if self._failures == GIVE_UP_FAILURES:
             log.error("%s; gave up starting conversion workers after %d failures in a row: "
                       "%d of %d running, conversions beyond them run in the daemon's threads",
                       said, self._failures, alive, self.size)
