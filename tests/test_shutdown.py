@@ -361,3 +361,29 @@ def test_unmount_ends_a_daemon_that_does_not_exit_and_says_so(tmp_path, mnt, mod
                              f"after unmount: stopped it with SIGKILL\n")
     assert not alive(pid)
     _clean(mnt)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_foreground_mount_while_a_large_tensor_is_hashed(tmp_path, mnt):
+    """SIGINT (Ctrl-C) to `mount --foreground` while a 32 GiB tensor is being hashed: the
+    command exits 0 within the wait, the hash cancelled, the mount point clean."""
+    model = tmp_path / "huge.safetensors"
+    write_sparse_safetensors(model, {"t": 32 << 30})
+    log = tmp_path / "daemon.log"
+    proc = subprocess.Popen([*TENSORFS, "mount", "--foreground", "--debug", "--log", str(log),
+                             str(model), str(mnt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: log.exists() and "serving" in log.read_text(), 30)
+        outcome: dict = {}
+        _ask_sha256(mnt / "t", outcome)
+        assert outcome == {"errno": errno.EAGAIN}
+        assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
+        _clean(mnt)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["fusermount", "-uz", str(mnt)], check=False)
