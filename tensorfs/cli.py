@@ -153,6 +153,12 @@ def worker_count(text: str) -> int:
         n = -1
     if n < 0:
         raise argparse.ArgumentTypeError(f"not a number of processes: {text!r} (0 or more)")
+    from tensorfs.workers import MAX_WORKERS_PER_CPU, max_workers, usable_cpus
+
+    if n > max_workers():
+        raise argparse.ArgumentTypeError(
+            f"{n} is more than this machine can use: at most {max_workers()} "
+            f"({MAX_WORKERS_PER_CPU} per usable CPU, {usable_cpus()} here)")
     return n
 
 
@@ -606,7 +612,7 @@ def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready, editor=editor,
+              options=options, on_ready=on_ready, on_stop=mounted.stop, editor=editor,
               file_mode=read_bits(mounted.sources.values()))     # no more than the model grants
     except FuseUnavailable as error:
         raise UserError(str(error)) from None
@@ -728,7 +734,9 @@ def cmd_unmount(args) -> int:
     if pid is None:
         daemon.forget(mountpoint)     # a daemon that died (SIGKILL) left its files
     elif not args.lazy:
-        daemon.wait_exit(pid)
+        said = daemon.wait_exit(pid, args.mountpoint)
+        if said is not None:
+            sys.stderr.write(f"tensorfs: {printable(said)}\n")
     return 0
 
 

@@ -34,7 +34,10 @@ from tensorfs.errors import printable
 log = logging.getLogger("tensorfs")
 
 READY_TIMEOUT_S = 60
-UNMOUNT_WAIT_S = 30
+# How long ``unmount`` waits for the daemon once its mount is gone, before it stops it
+# (tests shorten it); then how long each of SIGTERM and SIGKILL is given.
+UNMOUNT_WAIT_S = float(os.environ.get("TENSORFS_UNMOUNT_WAIT_S", "30"))
+STOP_WAIT_S = 5.0
 STDERR_LIMIT = 16 << 10          # what is kept of libfuse's / fusermount's words
 
 
@@ -189,13 +192,35 @@ def running(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def wait_exit(pid: int) -> None:
-    deadline = time.monotonic() + UNMOUNT_WAIT_S
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while running(pid):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.01)
-    raise DaemonError(f"daemon {pid} did not exit within {UNMOUNT_WAIT_S} s after unmount")
+    return True
+
+
+def wait_exit(pid: int, mountpoint: str) -> str | None:
+    """After ``mountpoint`` was unmounted: wait for its daemon to exit.  One that has not
+    within ``UNMOUNT_WAIT_S`` (stopped, or stuck) serves nothing any more: it is sent
+    SIGTERM, then SIGKILL.  None when it exited by itself; else the line that says what
+    was done.  ``DaemonError`` (naming the pid) when it could not be ended."""
+    if _wait_gone(pid, UNMOUNT_WAIT_S):
+        return None
+    said = f"{mountpoint}: the daemon (pid {pid}) did not exit within {UNMOUNT_WAIT_S:g} s " \
+           f"after unmount"
+    for sig, wait in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, STOP_WAIT_S)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return f"{said}: it exited"
+        except OSError as error:
+            raise DaemonError(f"{said}, and it cannot be stopped ({error.strerror}): "
+                              f"kill {pid}") from None
+        if _wait_gone(pid, wait):
+            return f"{said}: stopped it with {sig.name}"
+    raise DaemonError(f"{said}, nor after SIGKILL (blocked in the kernel): pid {pid}")
 
 
 def forget(mountpoint: str) -> None:

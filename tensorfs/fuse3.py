@@ -29,6 +29,7 @@ import platform
 import signal
 import stat
 import threading
+import time
 from typing import NamedTuple
 
 from tensorfs.mountoptions import MountOptions
@@ -306,6 +307,7 @@ def _load():
     fn("fuse_remove_signal_handlers", None, P)
     fn("fuse_session_loop", ctypes.c_int, P)
     fn("fuse_session_unmount", None, P)
+    fn("fuse_session_exited", ctypes.c_int, P)
     fn("fuse_session_destroy", None, P)
     if hasattr(lib, "fuse_session_loop_mt_312"):           # 3.12 and later
         fn("fuse_session_loop_mt_312", ctypes.c_int, P, P)
@@ -860,9 +862,13 @@ class Session:
         self.lib.fuse_reply_err(req, 0)
 
     # -- the loop -------------------------------------------------------------------------------
-    def serve(self, mountpoint: str, options: MountOptions, on_ready=None) -> None:
+    def serve(self, mountpoint: str, options: MountOptions, on_ready=None,
+              on_stop=None) -> None:
         """Mount at ``mountpoint`` (a resolved path), call ``on_ready()`` once the mount
         answers requests, serve until unmounted or SIGINT/SIGTERM/SIGHUP, unmount.
+        ``on_stop()`` is called (from another thread) as soon as the session is told to
+        end, while requests may still be in flight: libfuse waits for them before it
+        returns, so what could keep them waiting must end there.
 
         ``FuseUnavailable`` (one line) when libfuse refuses the options or the mount, when the
         session ends before the mount was live (libfuse refused the INIT answer), or when its
@@ -910,6 +916,9 @@ class Session:
                     raise FuseUnavailable(_libfuse_said["error"] or f"{mountpoint}: mount failed")
                 threading.Thread(target=self._announce, args=(mountpoint, on_ready),
                                  name="tensorfs-ready", daemon=True).start()
+                if on_stop is not None:
+                    threading.Thread(target=self._watch_exit, args=(se, on_stop),
+                                     name="tensorfs-stop-watch", daemon=True).start()
                 try:
                     code = self._loop(se, threads)
                 finally:
@@ -956,6 +965,24 @@ class Session:
                     on_ready()
                 except Exception:
                     log.exception("readiness could not be signalled")
+
+    STOP_POLL_S = 0.1
+
+    def _watch_exit(self, se, on_stop) -> None:
+        """Call ``on_stop`` once libfuse's session is told to exit: its signal handler
+        (SIGTERM, SIGINT, SIGHUP) or the kernel ending the connection (an unmount) set the
+        flag, and the loop then waits for the requests in flight.  A poll, because the
+        signal handler is libfuse's (a Python handler would run only when the main thread,
+        blocked in the loop, returned)."""
+        while True:
+            with self._ready_lock:
+                if self._ended or self.lib.fuse_session_exited(se):
+                    break
+            time.sleep(self.STOP_POLL_S)
+        try:
+            on_stop()
+        except Exception:
+            log.exception("stopping the mount's work failed")
 
     def _loop(self, se, threads: bool) -> int:
         lib = self.lib

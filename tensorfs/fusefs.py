@@ -13,6 +13,7 @@ import os
 
 from tensorfs.editing import EditRefused
 from tensorfs.fuse3 import Entry, FsError, Session
+from tensorfs.longwork import NotReady
 from tensorfs.mountoptions import MountOptions
 from tensorfs.namespace import DirNode, Tree
 from tensorfs.source import SourceError
@@ -175,7 +176,10 @@ class TensorFS:
     def getxattr(self, ino: int, name: str) -> bytes:
         xattrs = getattr(self._node(ino), "xattrs", {})
         if name in xattrs:
-            return xattrs[name]
+            try:
+                return xattrs[name]
+            except NotReady:        # long work started by this ask: "ask again", not logged
+                raise FsError(errno.EAGAIN) from None
         if not name.startswith("user."):
             # "Not supported here", not "no such attribute": ls -l remembers it and stops
             # asking every file for its SELinux label and ACLs (a round trip each).
@@ -254,12 +258,14 @@ class TensorFS:
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
-          options: MountOptions, on_ready=None, editor=None, file_mode: int = 0o444) -> None:
+          options: MountOptions, on_ready=None, on_stop=None, editor=None,
+          file_mode: int = 0o444) -> None:
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
     once (``tensorfs.mountoptions``); the timeouts and the thread count are answered here,
-    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md)."""
+    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md).  ``on_stop()``
+    is called as soon as the mount is told to end, requests still in flight (``Session``)."""
     fs = TensorFS(tree, editor)
     # an edited tree changes under the kernel: it keeps no names or misses, and the
     # attributes and pages of what an edit changed are dropped (``editor``: --edits)
@@ -271,4 +277,4 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
                       attr_timeout=timeouts[0], entry_timeout=timeouts[1],
                       negative_timeout=timeouts[2], editable=editor is not None)
     fs.invalidate = session.invalidate
-    session.serve(mountpoint, options, on_ready=on_ready)
+    session.serve(mountpoint, options, on_ready=on_ready, on_stop=on_stop)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tensorfs.cache import ByteLRU
 from tensorfs.errors import ModelError
+from tensorfs.longwork import LongWork
 from tensorfs.metadata_files import add_metadata_files
 from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
@@ -26,6 +27,10 @@ from tensorfs.workers import START_WORK_BYTES, WorkerPool
 
 log = logging.getLogger("tensorfs")
 
+# A raw file up to this size is hashed in the request that asks for its sha256 xattr: the
+# most one read request asks for.  A larger one is hashed in the background (TensorXattrs).
+INLINE_HASH_BYTES = 1 << 20
+
 
 @dataclass
 class MountedModel:
@@ -35,6 +40,10 @@ class MountedModel:
     cache: ByteLRU
     pool: WorkerPool | None = None
     whole_files: bool = False           # files/ is served
+    long_work: LongWork | None = None   # what no request waits for (the sha256 xattr)
+    # generated files whose size costs generating them whole (metadata.json: O(model)):
+    # learnt in the background from the start, so that a stat seldom waits for it
+    measured_ahead: tuple = ()
 
     def start(self, mountpoint: str | None = None) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
@@ -57,6 +66,9 @@ class MountedModel:
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()
+        if self.measured_ahead:
+            threading.Thread(target=self._measure_ahead, name="tensorfs-sizes",
+                             daemon=True).start()
         if self.pool is None:
             log.info("conversions in the daemon's threads (no worker processes)")
         else:
@@ -68,6 +80,13 @@ class MountedModel:
             threading.Thread(target=self._start_workers_ahead, name="tensorfs-workers-ahead",
                              daemon=True).start()
 
+    def _measure_ahead(self) -> None:
+        for view in self.measured_ahead:
+            try:
+                _ = view.size               # learnt once, kept by the view
+            except Exception as error:      # noqa: BLE001 - the request that asks says it
+                log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
+
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
         now, while nobody reads yet: its first large reads find them ready."""
@@ -77,7 +96,23 @@ class MountedModel:
                      costly >> 20)
             self.pool.want()
 
+    def stop(self) -> None:
+        """The mount is ending (SIGTERM, SIGINT, an unmount; called from another thread
+        while requests may still be in flight): end what could keep them or the daemon
+        waiting: the background work is cancelled, remote reads that wait end with EIO.
+        Conversions in flight finish (each is one chunk) and are answered."""
+        if self.long_work is not None:
+            self.long_work.stop()
+        for view in self.measured_ahead:
+            view.stop()
+        for source in list(self.sources.values()) + list(self.model.companions):
+            abort = getattr(source, "abort", None)
+            if abort is not None:
+                abort()
+
     def close(self) -> None:
+        if self.long_work is not None:
+            self.long_work.close()      # before the sources it reads are closed
         if self.pool is not None:
             self.pool.close()
         for source in self.sources.values():
@@ -118,22 +153,24 @@ class TensorXattrs(Mapping):
     more than the rest of the tensor's entry).
 
     A raw file (``raw`` given) also answers ``user.tensorfs.sha256``: the sha256 of its
-    bytes, computed on the first ask and kept for the mount's life.  It is not listed:
-    whatever copies the listed attributes (``cp -a``, ``rsync -X``) would hash every
-    tensor (docs/facts.md)."""
+    bytes, kept for the mount's life.  A file of at most ``INLINE_HASH_BYTES`` (what one
+    read request may ask for) is hashed in the request that asks; a larger one by the
+    mount's background thread (``long_work``), the ask answered at once with ``NotReady``
+    (EAGAIN) until the value is there.  It is not listed: whatever copies the listed
+    attributes (``cp -a``, ``rsync -X``) would hash every tensor (docs/facts.md)."""
 
-    __slots__ = ("tensor", "raw", "sha256")
+    __slots__ = ("tensor", "raw", "sha256", "long_work")
     NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
              "user.tensorfs.shard")
     SHA256 = "user.tensorfs.sha256"
-    # one of these per tensor name: two threads asking for one file hash it once, two
-    # files are hashed at once
+    # one of these per tensor name: two threads asking for one small file hash it once
     _LOCKS = tuple(threading.Lock() for _ in range(64))
 
-    def __init__(self, tensor, raw=None):
+    def __init__(self, tensor, raw=None, long_work: LongWork | None = None):
         self.tensor = tensor
         self.raw = raw
         self.sha256: bytes | None = None
+        self.long_work = long_work
 
     def __getitem__(self, name: str) -> bytes:
         t = self.tensor
@@ -153,12 +190,22 @@ class TensorXattrs(Mapping):
         return name in self.NAMES or (name == self.SHA256 and self.raw is not None)
 
     def _sha256(self) -> bytes:
-        if self.sha256 is None:
-            with self._LOCKS[hash(self.tensor.name) % len(self._LOCKS)]:
-                if self.sha256 is None:
-                    from tensorfs.hashing import sha256_of
+        from tensorfs.hashing import sha256_of
 
-                    self.sha256 = sha256_of(self.raw).encode()
+        if self.sha256 is not None:
+            return self.sha256
+        if self.raw.size > INLINE_HASH_BYTES and self.long_work is not None:
+            raw = self.raw
+
+            def work(check) -> bytes:
+                return sha256_of(_Checked(raw, check)).encode()
+
+            self.sha256 = self.long_work.result(("sha256", self.tensor.name), work,
+                                               f"sha256 of tensor {self.tensor.name!r}")
+            return self.sha256
+        with self._LOCKS[hash(self.tensor.name) % len(self._LOCKS)]:
+            if self.sha256 is None:
+                self.sha256 = sha256_of(self.raw).encode()
         return self.sha256
 
     def __iter__(self):
@@ -166,6 +213,20 @@ class TensorXattrs(Mapping):
 
     def __len__(self) -> int:
         return len(self.NAMES)
+
+
+class _Checked:
+    """A view whose every read first asks ``check()`` whether to go on (it raises to stop):
+    long work over a view ends within one read of being cancelled."""
+
+    __slots__ = ("check", "size", "view")
+
+    def __init__(self, view, check):
+        self.view, self.check, self.size = view, check, view.size
+
+    def read_into(self, offset: int, buf) -> int:
+        self.check()
+        return self.view.read_into(offset, buf)
 
 
 def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths], dict[str, ViewPlan]]:
@@ -265,6 +326,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
                                       for f in model.files}
     tree = Tree()
+    long_work = LongWork()
 
     if model.sharded:
         for f in model.files:
@@ -282,7 +344,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
         paths, plans = describe(model, layout)
         return metadata_json_pieces(model, paths, plans, tensor_views)
 
-    tree.add_file("metadata.json", GeneratedView(cache, "metadata.json", produce_metadata_json))
+    metadata_json = GeneratedView(cache, "metadata.json", produce_metadata_json)
+    tree.add_file("metadata.json", metadata_json)
     add_metadata_files(tree, model, cache)
 
     tensors = model.tensors
@@ -310,8 +373,9 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
         elif not serve_raw and view is not None:
             raw = None
         # the raw file's attributes answer its sha256 too; the view's do not
-        return raw, view, (TensorXattrs(tensor, raw), TensorXattrs(tensor))
+        return raw, view, (TensorXattrs(tensor, raw, long_work), TensorXattrs(tensor))
 
     if tensor_views:
         tree.add_tensors([t.name for t in tensors], layout, make_files)
-    return MountedModel(model, tree, sources, cache, pool, whole_files="files" in views)
+    return MountedModel(model, tree, sources, cache, pool, whole_files="files" in views,
+                        long_work=long_work, measured_ahead=(metadata_json,))

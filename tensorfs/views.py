@@ -19,6 +19,7 @@ once — see docs/serving.md.  ``fill_from(view, offset, buf)`` gives any view t
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
@@ -227,13 +228,27 @@ class GeneratedView:
         if self._size is None:
             with self._lock:
                 if self._size is None:
+                    self._check()
                     cursor = self._start(keep=False)
                     total = 0
                     while (block := cursor.next_block()) is not None:
+                        self._check()
                         self._keep(cursor.index - 1, block)
                         total += len(block)
                     self._size = total
         return self._size
+
+    def stop(self) -> None:
+        """The mount is ending: a size still being learnt (the whole content generated,
+        O(model) for metadata.json) is given up, within a block, and not started again;
+        the requests waiting for it get ECANCELED instead of holding up the end."""
+        self._stopped = True
+
+    _stopped = False
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise OSError(errno.ECANCELED, f"{self.key}: not generated: the mount is ending")
 
     @property
     def cheap_size(self) -> bool:
@@ -542,7 +557,10 @@ class ConvertedView:
         key = (self.key, index)
         if index * self.chunk_out >= self.size or self.stream.peek(key) or self.cache.peek(key):
             return
-        executor.submit(self._quiet_chunk, index)
+        try:
+            executor.submit(self._quiet_chunk, index)
+        except RuntimeError:    # no thread to be had (RLIMIT_NPROC, memory): read-ahead is
+            pass                # only ever a head start, and never fails the read it follows
 
     def _quiet_chunk(self, index: int) -> None:
         try:

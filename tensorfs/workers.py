@@ -67,7 +67,17 @@ TASK_TIMEOUT_S = float(os.environ.get("TENSORFS_WORKER_TIMEOUT_S", "30"))  # tes
 # Output slots beyond what the caller may hold: chunks being converted or copied into a
 # reply at the moment their cache drops them.  Past that, ``convert`` returns None.
 SPARE_SLOTS = 32
+STOP_WAIT_S = 2.0                     # what closing a pool waits for its workers to exit
 RESPAWN_PAUSE_S = 1.0                 # between two starts of the same worker slot
+# A start that fails (fork refused: RLIMIT_NPROC, memory), or a worker that dies before it is
+# ready, makes the pool wait before the next start: RESPAWN_PAUSE_S, doubled at each failure
+# in a row, at most MAX_BACKOFF_S.  After GIVE_UP_FAILURES in a row it stops trying: the
+# workers it has keep working, the conversions beyond them run in the daemon's threads.
+MAX_BACKOFF_S = 30.0
+GIVE_UP_FAILURES = 5
+# The most workers a pool may have per CPU this process may use: more only take memory
+# (an interpreter with numpy each) and time slices from each other (``max_workers``).
+MAX_WORKERS_PER_CPU = 4
 # Work (float32 output bytes) below which starting workers costs more than they give: a
 # worker's start is ~0.1 s of CPU (an interpreter, numpy), what one core converts of the
 # costliest types' output in about that time, several times over for the cheap ones.
@@ -96,6 +106,12 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def max_workers(cpus: int | None = None) -> int:
+    """The most conversion workers a pool may have here: ``MAX_WORKERS_PER_CPU`` per usable
+    CPU (``--workers`` above it is refused)."""
+    return MAX_WORKERS_PER_CPU * (usable_cpus() if cpus is None else cpus)
 
 
 def paying_size(reserved: int = MOUNT_RESERVED_CPUS, cpus: int | None = None,
@@ -130,7 +146,7 @@ def start_ahead(size: int | None = None, slot_bytes: int = SLOT_BYTES,
 
 
 class _Worker:
-    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready")
+    __slots__ = ("index", "proc", "sock", "pidfd", "dead", "ready", "started")
 
     def __init__(self, index: int, proc: subprocess.Popen, sock: socket.socket, pidfd: int):
         self.index = index
@@ -139,6 +155,7 @@ class _Worker:
         self.pidfd = pidfd
         self.dead = False
         self.ready = False      # said so once its imports were done
+        self.started = time.monotonic()
 
 
 class WorkerPool:
@@ -180,6 +197,9 @@ class WorkerPool:
         self._arena_fd = -1
         self._wake_r = self._wake_w = -1
         self._wanted = threading.Event()
+        self._failures = 0            # failed starts (or deaths before ready) in a row
+        self._failed_at = 0.0         # the last one (monotonic)
+        self._next_start = 0.0        # no start before this: the back-off
 
     # -- life -----------------------------------------------------------------------------
     def start(self, ahead: bool = False) -> None:
@@ -227,19 +247,37 @@ class WorkerPool:
                 and not self._closed
 
     def close(self) -> None:
-        if not self.running or self._closed:
-            return
-        self._closed = True
+        """Stop the workers, all at once: end of file on every socket, then at most
+        ``STOP_WAIT_S`` for all of them together before the rest are killed (a worker still
+        importing numpy does not read its socket yet)."""
+        with self._stop_lock:
+            if not self.running or self._closed:
+                return
+            self._closed = True
         self._wanted.set()
         self._wake()
-        if self._keeper is not None:
+        if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(timeout=5)
-        for w in self._workers:
-            if w is not None:
-                self._stop(w)
+        workers = [w for w in self._workers if w is not None]
+        for w in workers:
+            self._mark_dead(w)
+            try:
+                w.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + STOP_WAIT_S
+        for w in workers:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for w in workers:
+            self._stop(w)             # kills and reaps what is left
         with self._ready_cond:
             self._ready_cond.notify_all()
-        for fd in (self._arena_fd, self._wake_r, self._wake_w):
+        fds = (self._arena_fd, self._wake_r, self._wake_w)
+        self._arena_fd = self._wake_r = self._wake_w = -1    # a late _wake writes nowhere
+        for fd in fds:
             os.close(fd)
         self.running = False
 
@@ -256,10 +294,11 @@ class WorkerPool:
         except OSError:
             pass
         try:
-            w.proc.wait(timeout=1)
+            w.proc.wait(timeout=0 if self._closed else 1)
         except subprocess.TimeoutExpired:
             w.proc.kill()
             w.proc.wait()
+        w.sock.close()
         os.close(pidfd)
 
     def _mark_dead(self, w: _Worker) -> None:
@@ -283,6 +322,7 @@ class WorkerPool:
 
     def _keep_loop(self) -> None:
         last_start = [0.0] * self.size
+        gave_up = False
         while not self._closed:
             for i, w in enumerate(self._workers):
                 if w is not None and not w.dead:
@@ -290,22 +330,26 @@ class WorkerPool:
                 if w is not None:
                     self._stop(w)
                     self._workers[i] = None
-                if time.monotonic() - last_start[i] < RESPAWN_PAUSE_S:
+                if gave_up or self._closed:
                     continue
-                last_start[i] = time.monotonic()
+                now = time.monotonic()
+                if now < self._next_start or now - last_start[i] < RESPAWN_PAUSE_S:
+                    continue
+                last_start[i] = now
                 try:
                     new = self._spawn(i)
                 except OSError as error:
-                    log.error("could not start conversion worker %d: %s", i, error)
-                    continue
+                    gave_up = self._start_failed(f"could not start conversion worker {i}: "
+                                                 f"{error.strerror or error}")
+                    break             # not the next slot at once: it would fail the same way
                 self._workers[i] = new
             watched = {w.pidfd: w for w in self._workers if w is not None and not w.dead}
             starting = {w.sock.fileno(): w for w in self._workers
                         if w is not None and not w.dead and not w.ready}
-            pending = any(w is None for w in self._workers)
+            pending = not gave_up and any(w is None for w in self._workers)
+            wait = max(RESPAWN_PAUSE_S, self._next_start - time.monotonic()) if pending else None
             try:
-                ready, _, _ = select.select([self._wake_r, *watched, *starting], [], [],
-                                            RESPAWN_PAUSE_S if pending else None)
+                ready, _, _ = select.select([self._wake_r, *watched, *starting], [], [], wait)
             except OSError:
                 continue
             for fd in ready:
@@ -322,9 +366,35 @@ class WorkerPool:
                 w = watched[fd]
                 if not self._closed and not w.dead:
                     w.proc.poll()
-                    log.error("conversion worker %d (pid %d) died (exit status %s); starting "
-                              "another", w.index, w.proc.pid, w.proc.returncode)
+                    said = (f"conversion worker {w.index} (pid {w.proc.pid}) died (exit "
+                            f"status {w.proc.returncode})")
+                    if w.ready:
+                        log.error("%s; starting another", said)
+                    else:                 # died starting: that counts as a failed start
+                        gave_up = self._start_failed(said + " while starting") or gave_up
                 self._mark_dead(w)
+
+    def _start_failed(self, said: str) -> bool:
+        """One more failed start in a row: the next one waits twice as long as the last
+        (one log line when it starts failing, one when it gives up).  True: give up."""
+        self._failures += 1
+        self._failed_at = time.monotonic()
+        pause = min(MAX_BACKOFF_S, RESPAWN_PAUSE_S * 2 ** (self._failures - 1))
+        self._next_start = time.monotonic() + pause
+        alive = sum(1 for w in self._workers if w is not None and not w.dead)
+        if self._failures > GIVE_UP_FAILURES:       # given up already: said once
+            log.debug("%s", said)
+            return True
+        if self._failures == GIVE_UP_FAILURES:
+            log.error("%s; gave up starting conversion workers after %d failures in a row: "
+                      "%d of %d running, conversions beyond them run in the daemon's threads",
+                      said, self._failures, alive, self.size)
+            return True
+        if self._failures == 1:
+            log.error("%s; trying again in %g s, then less and less often", said, pause)
+        else:
+            log.debug("%s; trying again in %g s", said, pause)
+        return False
 
     def _hello(self, w: _Worker) -> None:
         """A starting worker's first message: its imports are done, it takes tasks now."""
@@ -339,6 +409,8 @@ class WorkerPool:
             w.ready = True
             self.ready_workers += 1
             self._ready_cond.notify_all()
+        if w.started > self._failed_at:
+            self._failures = 0        # starting works again (not a start from before)
         self._idle.put(w)
         if self.ready_workers == self.size:
             log.info("%d conversion workers ready (pids %s)", self.size,

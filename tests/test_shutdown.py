@@ -21,6 +21,7 @@ import pytest
 from reliability_models import slow_filesystem, write_mixed_gguf
 from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
                            run_tensorfs, wait_for, waiting_on_fuse)
+from tests.support.bigmodels import write_sparse_safetensors
 
 
 def _clean(mnt) -> None:
@@ -301,3 +302,88 @@ def test_a_reader_blocked_in_a_read_when_the_daemon_is_told_to_stop(tmp_path, sl
                                                          errno.EIO)
     (src / "DELAY").unlink()
     _clean(mnt)
+
+
+# -- long work in flight: the sha256 xattr of a large tensor ------------------------------
+
+def _ask_sha256(path, outcome: dict) -> None:
+    try:
+        outcome["value"] = os.getxattr(path, "user.tensorfs.sha256")
+    except OSError as error:
+        outcome["errno"] = error.errno
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "unmount", "unmount --lazy"])
+def test_the_mount_ends_at_once_while_a_large_tensor_is_hashed(tmp_path, mnt, how):
+    """The review's case: the sha256 of a 32 GiB tensor is being computed (a minute of CPU
+    here) when the mount is told to end.  The hash is cancelled: the daemon is gone within
+    the wait's bound, the asker was answered, the mount point is clean."""
+    model = tmp_path / "huge.safetensors"
+    write_sparse_safetensors(model, {"t": 32 << 30})
+    log = tmp_path / "daemon.log"
+    assert run_tensorfs("mount", model, mnt, "--log", log, "--debug").returncode == 0
+    pid = daemon_pid(mnt)
+    outcome: dict = {}
+    asker = threading.Thread(target=_ask_sha256, args=(mnt / "t", outcome))
+    asker.start()
+    asker.join(5)           # answered at once; were it held for the whole hash, end it now
+    if not asker.is_alive():
+        assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
+    if how.startswith("unmount"):
+        result = run_tensorfs(*how.split(), mnt)
+        assert result.returncode == 0, result.stderr
+    else:
+        os.kill(pid, getattr(signal, how))
+    assert wait_for(lambda: not alive(pid), 20), "the daemon went on hashing"
+    asker.join(20)
+    assert not asker.is_alive()
+    assert outcome == {"errno": errno.EAGAIN}
+    assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
+    _clean(mnt)
+
+
+@pytest.mark.slow
+def test_unmount_ends_a_daemon_that_does_not_exit_and_says_so(tmp_path, mnt, model):
+    """A daemon that cannot exit by itself (stopped here with SIGSTOP) once its mount is
+    gone serves nothing: unmount stops it (SIGTERM, then SIGKILL) and says so in one line,
+    naming its pid, instead of leaving it running."""
+    assert run_tensorfs("mount", model, mnt).returncode == 0
+    pid = daemon_pid(mnt)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        result = run_tensorfs("unmount", mnt, env={**os.environ, "TENSORFS_UNMOUNT_WAIT_S": "1"})
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (f"tensorfs: {mnt}: the daemon (pid {pid}) did not exit within 1 s "
+                             f"after unmount: stopped it with SIGKILL\n")
+    assert not alive(pid)
+    _clean(mnt)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_foreground_mount_while_a_large_tensor_is_hashed(tmp_path, mnt):
+    """SIGINT (Ctrl-C) to `mount --foreground` while a 32 GiB tensor is being hashed: the
+    command exits 0 within the wait, the hash cancelled, the mount point clean."""
+    model = tmp_path / "huge.safetensors"
+    write_sparse_safetensors(model, {"t": 32 << 30})
+    log = tmp_path / "daemon.log"
+    proc = subprocess.Popen([*TENSORFS, "mount", "--foreground", "--debug", "--log", str(log),
+                             str(model), str(mnt)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: log.exists() and "serving" in log.read_text(), 30)
+        outcome: dict = {}
+        _ask_sha256(mnt / "t", outcome)
+        assert outcome == {"errno": errno.EAGAIN}
+        assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
+        _clean(mnt)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["fusermount", "-uz", str(mnt)], check=False)

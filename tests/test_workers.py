@@ -8,11 +8,15 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
 import signal
 import struct
+import subprocess
+import tempfile
 import termios
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +25,9 @@ from tests import safetensors_corpus
 from tests.conftest import run_tensorfs
 
 from reliability_models import npy_bytes, write_mixed_gguf
-from tests.support import alive, daemon_pid, in_fuse_request, usage_error, wait_for
+from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
+                           usage_error, wait_for)
+from tests.support.users import needs_users
 
 CONVERTED = ("b.q8_0.weight", "c.bf16.weight", "d.q4_k.weight")
 
@@ -246,6 +252,85 @@ def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
     for bad in ("-1", "two"):
         result = run_tensorfs("mount", path, tmp_path / "m", "--workers", bad)
         assert "--workers" in usage_error(result)
+
+
+def test_more_workers_than_the_machine_can_use_is_one_usage_line(model, tmp_path):
+    """The review's --workers 1000 on 2 CPUs started hundreds of interpreters: refused,
+    naming the most this machine takes (4 per usable CPU); the most is taken."""
+    from tensorfs.workers import max_workers
+
+    path, _ = model
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    most = max_workers()
+    for many in (1000, most + 1):
+        result = run_tensorfs("mount", path, mnt, "--workers", str(many))
+        mounted = fuse_mounts_under(mnt)
+        if mounted:
+            run_tensorfs("unmount", mnt)
+        assert result.returncode == 2 and not mounted, result.stderr
+        assert result.stderr.count("\n") == 1
+        assert f"--workers: {many} is more than this machine can use: at most {most} " in \
+            result.stderr
+    result = run_tensorfs("mount", path, mnt, "--workers", str(most))
+    assert result.returncode == 0, result.stderr
+    assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user can read (pytest's tmp_path is root's 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="tensorfs-workers-"))
+    path.chmod(0o755)
+    yield path
+    for mnt in fuse_mounts_under(path):
+        subprocess.run(["fusermount", "-uz", mnt], capture_output=True, check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@needs_users
+@pytest.mark.slow
+def test_workers_that_cannot_start_under_a_process_limit_are_given_up_in_two_lines(
+        users, shared_dir):
+    """A real user's mount under ``prlimit --nproc``: the pool asks for as many workers as
+    the machine allows, the kernel refuses most forks.  The pool waits longer after each
+    failure and gives up after a few (one line when it starts failing, one when it gives
+    up: the review saw ~900 lines a second), every byte read is still right (converted in
+    the daemon's threads or by the workers that did start), and unmount ends the daemon."""
+    from tensorfs.workers import max_workers
+
+    user, _ = users
+    path = shared_dir / "mixed.gguf"
+    expected = write_mixed_gguf(path, seed=3)
+    path.chmod(0o644)
+    mnt = shared_dir / "mnt"
+    mnt.mkdir()
+    os.chown(mnt, user.uid, user.uid)
+    out = shared_dir / "out"
+    out.mkdir()
+    os.chown(out, user.uid, user.uid)
+    log, npy = out / "daemon.log", out / "read.npy"
+    name = "d.q4_k.weight"
+    t = " ".join(TENSORFS)
+    # the daemon's own threads (libfuse's, the keeper, read-ahead) count against the limit:
+    # 12 leaves room for them and for a worker or two, not for the rest
+    script = (f"prlimit --nproc=12:12 {t} mount {path} {mnt} --workers {max_workers()} "
+              f"--log {log} || exit 1; "
+              f"cat {mnt}/{expected[name].path}.npy > {npy}; "
+              f"i=0; while [ $i -lt 120 ] && ! grep -q 'gave up starting' {log}; do "
+              f"sleep 0.5; i=$((i+1)); done; "
+              f"cat {mnt}/{expected[name].path}.npy | cmp - {npy} && "
+              f"{t} unmount {mnt}; echo unmount=$?")
+    result = user.script_in_fuse_namespace(script, shared_dir, env={"XDG_RUNTIME_DIR": ""})
+    text = log.read_text()
+    assert "unmount=0" in result.stdout, (result.stdout, result.stderr, text)
+    assert "did not exit" not in result.stderr          # the daemon ended by itself
+    assert npy.read_bytes() == npy_bytes(expected[name].values)
+    failures = [line for line in text.splitlines() if "conversion worker" in line
+                and ("could not start" in line or "while starting" in line)]
+    assert any("gave up starting conversion workers" in line for line in failures), text
+    assert len(failures) == 2, text
+    assert "unmounted" in text
 
 
 def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_path, mount):

@@ -9,12 +9,15 @@ import json
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import pytest
 from safetensors import safe_open
 
 from tests.models import write_gguf, write_safetensors
+from tests.support import wait_for
+from tests.support.bigmodels import sha256_of_range, write_sparse_safetensors
 from tests.test_shards import write_hf_shards, write_split_gguf
 
 NAMES = ["user.tensorfs.dtype", "user.tensorfs.offset", "user.tensorfs.shape", "user.tensorfs.shard"]
@@ -114,3 +117,56 @@ def test_other_namespaces_are_unsupported_so_ls_stops_asking(tmp_path, mount):
             with pytest.raises(OSError) as caught:
                 os.getxattr(path, name)
             assert caught.value.errno == errno.EOPNOTSUPP, (path, name)
+
+
+# -- the sha256 of a large tensor: work no request waits for --------------------------------
+
+def _sha256_xattr(path) -> bytes | int:
+    """The value, or the errno the ask was answered with."""
+    try:
+        return os.getxattr(path, "user.tensorfs.sha256")
+    except OSError as error:
+        return error.errno
+
+
+@pytest.mark.slow
+def test_the_sha256_of_large_tensors_never_holds_a_request(tmp_path, mount):
+    """Twelve asks for the sha256 of twelve 512 MiB tensors (the review's eleven 4 GiB ones,
+    smaller) are each answered at once with EAGAIN, and start the hashing in the background;
+    meanwhile every other request is answered; the value, once there, is the sha256 of the
+    tensor's bytes."""
+    model = tmp_path / "big.safetensors"
+    tensors = write_sparse_safetensors(model, {f"t{i:02d}": 512 << 20 for i in range(12)})
+    mnt = mount(model)
+    with ThreadPoolExecutor(12) as pool:
+        asked = list(pool.map(lambda name: _sha256_xattr(mnt / name), tensors))
+    assert asked == [errno.EAGAIN] * 12
+    # libfuse has ten request threads: none of them is held by the hashing
+    with ThreadPoolExecutor(12) as pool:
+        stats = list(pool.map(lambda _: os.stat(mnt / "metadata.json").st_size, range(12)))
+    doc = json.loads((mnt / "metadata.json").read_bytes())
+    assert len(stats) == 12 and set(stats) == {len((mnt / "metadata.json").read_bytes())}
+    assert sorted(doc["tensors"]) == sorted(tensors)
+    assert (mnt / "t05").open("rb").read(2) == b"\x06\x00"
+    assert os.getxattr(mnt / "t05", "user.tensorfs.dtype") == b"U8"
+    # the killed client's case: a getfattr gets its answer (an error) and exits by itself
+    got = subprocess.run(["getfattr", "-n", "user.tensorfs.sha256", str(mnt / "t11")],
+                         check=False, capture_output=True, text=True, timeout=30)
+    assert got.returncode != 0 and "Resource temporarily unavailable" in got.stderr
+    # the background thread hashes in the order asked; t00 was among the first
+    value = wait_for(lambda: isinstance(_sha256_xattr(mnt / "t00"), bytes)
+                     and _sha256_xattr(mnt / "t00"), 300, 0.5)
+    assert value == sha256_of_range(model, *tensors["t00"]).encode()
+    assert _sha256_xattr(mnt / "t00") == value              # kept
+
+
+def test_the_sha256_of_a_tensor_up_to_1_mib_is_answered_by_the_ask(tmp_path, mount):
+    """What one read request may ask for is hashed in the request; one byte more is not."""
+    model = tmp_path / "m.safetensors"
+    tensors = write_sparse_safetensors(model, {"small": 1 << 20, "large": (1 << 20) + 1})
+    mnt = mount(model)
+    assert _sha256_xattr(mnt / "small") == sha256_of_range(model, *tensors["small"]).encode()
+    assert _sha256_xattr(mnt / "large") == errno.EAGAIN
+    value = wait_for(lambda: isinstance(_sha256_xattr(mnt / "large"), bytes)
+                     and _sha256_xattr(mnt / "large"), 60)
+    assert value == sha256_of_range(model, *tensors["large"]).encode()

@@ -348,3 +348,41 @@ def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors,
         p.stop()
         if fuse_mounts_under(tmp_path):
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env,
+                                                      tmp_path, sig):
+    """SIGTERM or SIGINT to the daemon while a read waits on a server that never answers
+    (--timeout 120): the waiting request ends with an error and the daemon exits, within
+    the wait's bound, far below the timeout."""
+    import signal
+
+    p = proxy(nginx.port)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_tensorfs("mount", f"{p.url}/files/many/many.safetensors", mnt, "--timeout", "120",
+                          env=remote_env)
+    assert result.returncode == 0, result.stderr
+    pid = daemon_pid(mnt)
+    p.push(*["stall"] * 50)
+    outcome = []
+    reader = threading.Thread(target=lambda: outcome.append(read_errno(mnt / "t02/w")))
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(f == "stall" for *_, f in p.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(f == "stall" for *_, f in p.log)
+        os.kill(pid, getattr(signal, sig))
+        deadline = time.monotonic() + 15           # far below the 120 s the request may hang
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid)
+        reader.join(30)
+        assert not reader.is_alive() and outcome and isinstance(outcome[0], int), outcome
+    finally:
+        p.clear()
+        p.stop()
+        if fuse_mounts_under(tmp_path):
+            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True, check=False)

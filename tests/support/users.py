@@ -33,6 +33,8 @@ class User:
 
     def command(self, *args, env=None) -> list[str]:
         base = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
+        if os.environ.get("PYTHONPATH"):        # the code under test, where the run names it
+            base["PYTHONPATH"] = os.environ["PYTHONPATH"]
         base.update(env or {})
         return ["env", "-i", *(f"{k}={v}" for k, v in base.items()),
                 "setpriv", f"--reuid={self.uid}", f"--regid={self.uid}", "--init-groups",
