@@ -1,0 +1,100 @@
+"""Outputs a user names (``--log FILE``) are never written through another user's link or
+into another user's file, and never block on a FIFO nobody reads: the audit's instances of
+"output written through others' links" beyond the ones the review named.  Real users
+(``tests/support/users.py``) plant the traps in a shared sticky directory, as on /tmp."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.models import write_safetensors
+from tests.support import fuse_mounts_under, run_tensorfs
+from tests.support.users import needs_users  # noqa: F401 (users: a conftest fixture)
+
+
+def _one_line(result) -> str:
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tensorfs: error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def shared():
+    """A sticky directory every user can write (what /tmp is), and root's model and mount
+    point beside it."""
+    base = Path(tempfile.mkdtemp(prefix="tensorfs-audit-"))
+    base.chmod(0o755)
+    (base / "shared").mkdir()
+    (base / "shared").chmod(0o1777)
+    (base / "mnt").mkdir()
+    write_safetensors(base / "model.safetensors")
+    yield base
+    for mnt in fuse_mounts_under(base):
+        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_users
+@pytest.mark.parametrize("trap", ["symlink", "their-file", "hard-link"])
+def test_log_is_never_written_through_another_users_link_or_into_their_file(users, shared, trap):
+    """The review's ``--plot`` attack, played on the mount's ``--log``: root names a log in
+    a shared directory where another user planted a link to root's 0600 secret (or their own
+    world-writable file, which would collect root's log lines).  One line, nothing written,
+    nothing mounted."""
+    _, attacker = users
+    secret = shared / "secret"
+    secret.write_text("root's secret\n")
+    secret.chmod(0o600)
+    log = shared / "shared" / "tensorfs.log"
+    if trap == "symlink":
+        assert attacker.run("ln", "-s", secret, log).returncode == 0
+    elif trap == "their-file":
+        assert attacker.run("sh", "-c", f"echo theirs > {log}; chmod 666 {log}").returncode == 0
+    else:       # a second name of root's file (where protected_hardlinks lets anyone link)
+        os.link(secret, log)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (secret, log)}
+    line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                                  "--log", log, timeout=60))
+    assert line.startswith(f"tensorfs: error: --log {log}: ")
+    assert {"symlink": "symbolic link of uid", "their-file": "belongs to uid",
+            "hard-link": "hard links"}[trap] in line
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (secret, log)} == before
+    assert fuse_mounts_under(shared) == []
+
+
+def test_a_log_link_of_ones_own_and_dev_stderr_are_still_followed(shared):
+    """What the rule allows: a link the user made (or root's /dev/stderr)."""
+    own = shared / "mine.log"
+    link = shared / "shared" / "link.log"
+    link.symlink_to(own)
+    assert run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                        "--log", link).returncode == 0
+    subprocess.run(["fusermount3", "-u", shared / "mnt"], check=True)
+    assert "serving" in own.read_text()
+    result = subprocess.run(f"timeout 60 {' '.join(map(str, _tensorfs()))} mount "
+                            f"{shared / 'model.safetensors'} {shared / 'mnt'} --log /dev/stderr"
+                            f" && fusermount3 -u {shared / 'mnt'}", shell=True,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_fifo_as_log_that_nobody_reads_is_one_line_not_a_hang(shared):
+    fifo = shared / "shared" / "log.fifo"
+    os.mkfifo(fifo)
+    line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                                  "--log", fifo, timeout=60))
+    assert line == f"tensorfs: error: --log {fifo}: a FIFO that no process reads"
+    assert fuse_mounts_under(shared) == []
+
+
+def _tensorfs():
+    from tests.support.commands import TENSORFS
+
+    return TENSORFS
