@@ -103,6 +103,22 @@ def worker_count(text: str) -> int:
     return n
 
 
+MAX_TIMEOUT_S = 86400.0        # a day: past it a clock's wait overflows long before it helps
+
+
+def timeout_seconds(text: str) -> float:
+    """--timeout: finite, more than 0, at most a day (a wait of 1e10 s overflowed the
+    platform's time_t inside the first request: "internal error")."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (more than 0, "
+                                         f"at most {MAX_TIMEOUT_S:g})")
+    return value
+
+
 def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
     if not match:
@@ -190,7 +206,8 @@ def _remote_options(parser) -> None:
                         metavar="KEY=VALUE", type=parse_storage_option,
                         help="an fsspec storage option for a URL (repeatable); secrets belong "
                              "in the environment or config files, not here (docs/remote.md)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S,
+                        metavar="SECONDS",
                         help=f"longest wait for one read of a URL, retries included "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
 
