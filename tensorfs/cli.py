@@ -74,7 +74,7 @@ def argument_secrets(argv: list[str]) -> list[str]:
 def _scalar(text: str) -> bool:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):        # '[' * 100000 is no scalar either
         return False
     return value is None or isinstance(value, (bool, int, float))
 
@@ -226,6 +226,9 @@ def parse_storage_option(text: str) -> StorageOption:
         parsed = json.loads(value)
     except ValueError:
         parsed = value
+    except RecursionError:      # '[' * 100000: json's recursion, not an internal error
+        raise argparse.ArgumentTypeError(f"{key.strip()}: the value nests deeper than "
+                                         "JSON is read here") from None
     option = StorageOption((key.strip(), parsed))
     option.text = value
     return option
