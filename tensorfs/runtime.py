@@ -275,6 +275,9 @@ def open_user_log(path: str) -> int:
     refused at once instead of blocking.  Raises OSError with a reason in ``strerror``."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
     uid = os.geteuid()
+    why = _others_control(os.path.dirname(os.path.abspath(path)), uid)
+    if why is not None:
+        raise OSError(errno.EPERM, why)
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
     except OSError as error:
@@ -312,3 +315,24 @@ def open_user_log(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _others_control(directory: str, uid: int) -> str | None:
+    """Why another user could retarget what ``directory`` names, or None: a symbolic link of
+    another user on the way, or a directory on the way that is another user's, or that others
+    (or a group not the user's own) can write without the sticky bit: ssh's StrictModes."""
+    here = "/"
+    for part in [p for p in directory.split("/") if p]:
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return None                 # missing: the open says so
+        if st.st_uid not in (uid, 0):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory"
+            return f"{here} is {kind} of uid {st.st_uid}, who could retarget the path"
+        writers = 0o002 if st.st_gid == os.getegid() else 0o022     # a user's own group
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & writers and not st.st_mode & stat.S_ISVTX:
+            return (f"{here} can be written by group or others (mode "
+                    f"{stat.S_IMODE(st.st_mode):04o}), who could retarget the path")
+    return None

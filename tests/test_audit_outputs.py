@@ -69,6 +69,42 @@ def test_log_is_never_written_through_another_users_link_or_into_their_file(user
     assert fuse_mounts_under(shared) == []
 
 
+@needs_users
+@pytest.mark.parametrize("trap", ["their-link-to-a-directory", "their-directory"])
+def test_log_is_never_created_through_a_directory_another_user_controls(users, shared, trap):
+    """The --disk-cache parent-chain attack, played on ``--log``: root names
+    ``shared/logs/authorized_keys``-style paths where ``logs`` is another user's link to
+    root's private directory, or another user's directory (they can swap what is in it)."""
+    _, attacker = users
+    private = shared / "root-private"
+    private.mkdir(mode=0o700)
+    (private / "tensorfs.log").write_text("root's own file\n")
+    before = (private / "tensorfs.log").read_bytes()
+    logs = shared / "shared" / "logs"
+    if trap == "their-link-to-a-directory":
+        assert attacker.run("ln", "-s", private, logs).returncode == 0
+    else:
+        assert attacker.run("mkdir", "-m", "777", logs).returncode == 0
+    line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                                  "--log", logs / "tensorfs.log", timeout=60))
+    assert f"{logs} is a " in line and "of uid " in line, line
+    assert (private / "tensorfs.log").read_bytes() == before
+    assert sorted(os.listdir(private)) == ["tensorfs.log"]
+    assert not (trap == "their-directory" and os.listdir(logs))
+    assert fuse_mounts_under(shared) == []
+
+
+def test_log_in_a_directory_others_can_write_without_the_sticky_bit_is_refused(shared):
+    lax = shared / "lax"
+    lax.mkdir()
+    lax.chmod(0o777)
+    line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                                  "--log", lax / "x.log", timeout=60))
+    assert line == (f"tensorfs: error: --log {lax}/x.log: {lax} can be written by group or "
+                    f"others (mode 0777), who could retarget the path")
+    assert os.listdir(lax) == []
+
+
 def test_a_log_link_of_ones_own_and_dev_stderr_are_still_followed(shared):
     """What the rule allows: a link the user made (or root's /dev/stderr)."""
     own = shared / "mine.log"
