@@ -334,6 +334,10 @@ def main(argv=None) -> int:
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv = mount_helper_argv(argv) or argv
     debug = "--debug" in argv
+    # a warning before the daemon's log exists (a directory's name, a companion's) goes
+    # through logging's last-resort handler: escaped there too, as every line we print is
+    from tensorfs.daemon import _Formatter
+    logging.lastResort.setFormatter(_Formatter("%(message)s"))
     try:
         parser = build_parser()
         _Parser.argv = argv
