@@ -267,6 +267,9 @@ def hide_from_cmdline(secrets: list[str]) -> None:
         pass
 
 
+_NO_READER = "a FIFO that no process reads, or a socket: not a file to append to"
+
+
 def open_user_log(path: str) -> int:
     """A descriptor to append to ``path`` (``--log FILE``), the user's own choice of file,
     but never a way for another user to make us write to theirs or through their link: the
@@ -282,7 +285,7 @@ def open_user_log(path: str) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
     except OSError as error:
         if error.errno == errno.ENXIO:              # O_NONBLOCK on a FIFO without a reader
-            raise OSError(error.errno, "a FIFO that no process reads") from None
+            raise OSError(error.errno, _NO_READER) from None
         try:            # a link says ELOOP, or EACCES where O_CREAT meets it in a sticky dir
             link = os.lstat(path)
         except OSError:
@@ -296,7 +299,7 @@ def open_user_log(path: str) -> int:
             fd = os.open(path, flags, 0o600)
         except OSError as again:
             if again.errno == errno.ENXIO:
-                raise OSError(again.errno, "a FIFO that no process reads") from None
+                raise OSError(again.errno, _NO_READER) from None
             raise
         now = os.lstat(path)
         if (now.st_ino, now.st_dev, now.st_uid) != (link.st_ino, link.st_dev, link.st_uid):

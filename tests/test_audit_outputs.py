@@ -126,7 +126,20 @@ def test_a_fifo_as_log_that_nobody_reads_is_one_line_not_a_hang(shared):
     os.mkfifo(fifo)
     line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
                                   "--log", fifo, timeout=60))
-    assert line == f"tensorfs: error: --log {fifo}: a FIFO that no process reads"
+    assert line == (f"tensorfs: error: --log {fifo}: a FIFO that no process reads, or a "
+                    "socket: not a file to append to")
+    assert fuse_mounts_under(shared) == []
+
+
+def test_a_socket_as_log_is_one_line(shared):
+    import socket
+
+    path = shared / "shared" / "log.sock"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(path))
+        line = _one_line(run_tensorfs("mount", shared / "model.safetensors", shared / "mnt",
+                                      "--log", path, timeout=60))
+    assert line.startswith(f"tensorfs: error: --log {path}: ") and "socket" in line
     assert fuse_mounts_under(shared) == []
 
 
