@@ -20,7 +20,7 @@ import sys
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
-from tensorfs.errors import ModelError, one_line_bounded, printable
+from tensorfs.errors import ModelError, descriptor_limit_line, one_line_bounded, printable
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
@@ -374,7 +374,8 @@ def main(argv=None) -> int:
     except Exception as error:
         if debug:
             raise
-        _say_error(f"internal error: {type(error).__name__}: {error}")
+        limit = descriptor_limit_line(error) if isinstance(error, OSError) else None
+        _say_error(limit or f"internal error: {type(error).__name__}: {error}")
         return 1
 
 
