@@ -4,6 +4,7 @@ and the remedy, never ``internal error: OSError: [Errno 24]``."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 
@@ -52,3 +53,28 @@ def test_the_line_names_the_limit_and_the_way_out(tmp_path):
     assert result.stderr.splitlines() == [
         "tensorfs: error: too many open files: the limit of this process is 8 (ulimit -n); "
         "raise it, e.g. ulimit -n 4096"], result.stderr
+
+
+def test_listing_a_directory_places_only_that_directory(tmp_path, mount):
+    """[found by the audit: READDIR of a directory counted each subdirectory's
+    subdirectories for its link count, which placed every tensor below it in one request:
+    the first `ls -f` of `layer/` of a 300k-tensor model took 4.5-12 s, holding the lock
+    every other first lookup waits on]  A listing places the listed directory only; a
+    subdirectory's entries are placed by its own LOOKUP (or listing)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {f"layer.{i}.{w}": np.full(2, i, np.float32) for i in range(50) for w in "abcd"}
+    model = tmp_path / "layers.safetensors"
+    save_file(tensors, model)
+    log = tmp_path / "daemon.log"
+    mnt = mount(model, "--debug", "--log", log)
+    names = sorted(os.listdir(mnt / "layer"))
+    assert names == sorted(str(i) for i in range(50)) + [], names[:5]
+    placed = [line for line in log.read_text().splitlines() if "entries placed" in line]
+    assert len(placed) <= 3, (len(placed), placed[:5])      # the root and layer/
+    # and a subdirectory's own lookup still counts it right
+    assert os.stat(mnt / "layer" / "7").st_nlink == 2
+    assert sorted(os.listdir(mnt / "layer" / "7")) == sorted(
+        [w for w in "abcd"] + [f"{w}.npy" for w in "abcd"])
+    assert os.stat(mnt / "layer").st_nlink == 52
