@@ -322,8 +322,8 @@ def open_user_log(path: str) -> int:
 
 def _others_control(directory: str, uid: int) -> str | None:
     """Why another user could retarget what ``directory`` names, or None: a symbolic link of
-    another user on the way, or a directory on the way that is another user's, or that others
-    (or a group not the user's own) can write without the sticky bit: ssh's StrictModes."""
+    another user on the way, or a directory on the way that is another user's, or that anyone
+    can write without the sticky bit (much as ssh's StrictModes checks)."""
     here = "/"
     for part in [p for p in directory.split("/") if p]:
         here = os.path.join(here, part)
@@ -334,8 +334,9 @@ def _others_control(directory: str, uid: int) -> str | None:
         if st.st_uid not in (uid, 0):
             kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory"
             return f"{here} is {kind} of uid {st.st_uid}, who could retarget the path"
-        writers = 0o002 if st.st_gid == os.getegid() else 0o022     # a user's own group
-        if stat.S_ISDIR(st.st_mode) and st.st_mode & writers and not st.st_mode & stat.S_ISVTX:
-            return (f"{here} can be written by group or others (mode "
-                    f"{stat.S_IMODE(st.st_mode):04o}), who could retarget the path")
+        # a group may write (/var/log is root:syslog 0775 on Ubuntu): its members are the
+        # machine's trusted; anyone may only where the sticky bit keeps them to their own
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            return (f"{here} can be written by anyone (mode {stat.S_IMODE(st.st_mode):04o}, "
+                    "no sticky bit), who could retarget the path")
     return None
