@@ -25,6 +25,6 @@ def test_a_storage_option_nested_too_deep_is_one_line(nginx):
         for spelling in (["--storage-option", f"headers={value}"], [f"--stor=headers={value}"]):
             result = run_tensorfs(command, f"{nginx.url}/files/none.safetensors", *spelling)
             assert result.returncode == 2, result.stderr
-            assert result.stderr.splitlines() == [
+            assert result.stderr.splitlines() == [(
                 "tensorfs: error: argument --storage-option: headers: the value nests deeper "
-                "than JSON is read here"], result.stderr[:300]
+                "than JSON is read here")], result.stderr[:300]
