@@ -202,8 +202,6 @@ def check_sizes(model: Model, npy: bool = True) -> None:
         if f.file_size > MAX_FILE_SIZE:
             raise ModelError("file_size", f"the file is {f.file_size} bytes, more than a file "
                              f"can have (2**63 - 1 bytes)", file=f.path)
-        if npy:
-            _check_npy_shapes(f)
         if not npy or f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
             continue
         for t in f.tensors:
@@ -218,30 +216,6 @@ def check_sizes(model: Model, npy: bool = True) -> None:
                     "file_size", f"tensor {t.name!r} ({t.dtype} {list(t.shape)}) would have "
                     f"a .npy view of {data} bytes of data, more than a file can have "
                     f"(2**63 - 1 bytes)", name=t.name, offset=t.offset, file=t.file)
-
-
-# numpy 2's NPY_MAXDIMS: numpy.load (and safetensors.numpy) of more dimensions fails
-NPY_MAX_DIMS = 64
-
-
-def _check_npy_shapes(f) -> None:
-    """A .npy view numpy cannot load is no view: more than 64 dimensions, or a tensor with
-    no elements whose other dimensions' product overflows numpy's int64 (safetensors allows
-    ``[0, 2**64 - 1]``).  A tensor with elements is bounded by its file (check_sizes)."""
-    for t in f.tensors:
-        why = None
-        if len(t.shape) > NPY_MAX_DIMS:
-            why = f"has {len(t.shape)} dimensions, numpy at most {NPY_MAX_DIMS}"
-        elif t.n_elements == 0:
-            product = 8                             # the widest .npy item
-            for dim in t.shape:
-                product *= dim or 1
-            if product > MAX_FILE_SIZE:
-                why = "has dimensions whose product overflows numpy's 64-bit sizes"
-        if why is not None:
-            raise ModelError("shape", f"tensor {t.name!r} {why}: no .npy view can hold it "
-                             "(--views raw,files mounts it without .npy views)",
-                             name=t.name, offset=t.offset, file=t.file)
 
 
 def costly_bytes(model: Model) -> int:
