@@ -22,7 +22,8 @@ import sys
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
-from tensorfs.errors import ModelError, one_line_bounded, plural, printable
+from tensorfs.errors import (ModelError, descriptor_limit_line, one_line_bounded, plural,
+                             printable)
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
@@ -127,7 +128,7 @@ def argument_secrets(argv: list[str]) -> list[str]:
 def _scalar(text: str) -> bool:
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):        # '[' * 100000 is no scalar either
         return False
     return value is None or isinstance(value, (bool, int, float))
 
@@ -160,6 +161,22 @@ def worker_count(text: str) -> int:
             f"{n} is more than this machine can use: at most {max_workers()} "
             f"({MAX_WORKERS_PER_CPU} per usable CPU, {usable_cpus()} here)")
     return n
+
+
+MAX_TIMEOUT_S = 86400.0        # a day: past it a clock's wait overflows long before it helps
+
+
+def timeout_seconds(text: str) -> float:
+    """--timeout: finite, more than 0, at most a day (a wait of 1e10 s overflowed the
+    platform's time_t inside the first request: "internal error")."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r} (more than 0, "
+                                         f"at most {MAX_TIMEOUT_S:g})")
+    return value
 
 
 def parse_size(text: str) -> int:
@@ -276,7 +293,8 @@ def _remote_options(parser) -> None:
                         metavar="KEY=VALUE", type=parse_storage_option,
                         help="an fsspec storage option for a URL (repeatable); secrets belong "
                              "in the environment or config files, not here (docs/remote.md)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S,
+                        metavar="SECONDS",
                         help=f"longest wait for one read of a URL, retries included "
                              f"(default {DEFAULT_TIMEOUT_S:g})")
 
@@ -295,6 +313,9 @@ def parse_storage_option(text: str) -> StorageOption:
         parsed = json.loads(value)
     except ValueError:
         parsed = value
+    except RecursionError:      # '[' * 100000: json's recursion, not an internal error
+        raise argparse.ArgumentTypeError(f"{key.strip()}: the value nests deeper than "
+                                         "JSON is read here") from None
     option = StorageOption((key.strip(), parsed))
     option.text = value
     return option
@@ -429,6 +450,10 @@ def main(argv=None) -> int:
         argv = mount_helper_argv(argv) or argv
     debug = "--debug" in argv
     parser = args = None
+    # a warning before the daemon's log exists (a directory's name, a companion's) goes
+    # through logging's last-resort handler: escaped there too, as every line we print is
+    from tensorfs.daemon import _Formatter
+    logging.lastResort.setFormatter(_Formatter("%(message)s"))
     try:
         parser = build_parser()
         _Parser.argv = argv
@@ -471,7 +496,8 @@ def main(argv=None) -> int:
     except Exception as error:
         if debug:
             raise
-        _say_error(f"internal error: {type(error).__name__}: {error}")
+        limit = descriptor_limit_line(error) if isinstance(error, OSError) else None
+        _say_error(limit or f"internal error: {type(error).__name__}: {error}")
         return 1
 
 

@@ -103,8 +103,8 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
     try:
         # O_NOCTTY: the daemon leads its session, and a terminal it opened would become its
         # controlling terminal
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_CLOEXEC,
-                     0o600)
+        # ... and never another user's file or link (runtime.open_user_log)
+        fd = runtime.open_user_log(path)
     except OSError as error:
         raise DaemonError(f"--log {path}: {error.strerror}") from None
     return os.path.abspath(path), fd, False

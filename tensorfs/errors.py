@@ -8,6 +8,9 @@ and, where there is one, the tensor or metadata key.  The CLI turns it into the 
 
 from __future__ import annotations
 
+import errno
+import resource
+
 
 def printable(text: str) -> str:
     """``text`` safe for a terminal, on one line: every character Python does not call
@@ -81,3 +84,16 @@ class ShardError(ModelError):
 def plural(n: int, word: str) -> str:
     """A count and its noun as a message says it: "1 tensor", "2 tensors"."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+def descriptor_limit_line(error: OSError) -> str | None:
+    """The one line for EMFILE/ENFILE wherever it surfaced, or None for another error: the
+    process's (or the system's) limit on open files, named with its number and the remedy.
+    (``resource`` is imported with this module: with no descriptor left, an import fails.)"""
+    if error.errno == errno.ENFILE:
+        return "too many open files in the system (the kernel's fs.file-max is reached)"
+    if error.errno != errno.EMFILE:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = f" (up to {hard} without root)" if soft < hard else ""
+    return (f"too many open files: the limit of this process is {soft} (ulimit -n); raise "
+            f"it{room}, e.g. ulimit -n {max(4096, soft * 4) if soft >= hard else hard}")

@@ -107,6 +107,10 @@ class TensorFS:
     def _plain_entry(self, node, listing: bool = False) -> Entry:
         if isinstance(node, DirNode):
             nlink = self._nlink.get(node.ino)
+            if nlink is None and listing and not node.placed:
+                # counting would place all its entries inside the parent's READDIR (every
+                # tensor of a 300k-tensor model at once): its own LOOKUP counts them
+                return Entry(node.ino, True, None, 2)
             if nlink is None:     # the tree never changes: count a directory's subdirectories once
                 nlink = self._nlink[node.ino] = 2 + sum(
                     isinstance(c, DirNode) for c in node.children.values())

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import re
 import threading
 from typing import NamedTuple
@@ -177,6 +178,8 @@ class FileNode:
 
 # One lock for every directory's first expansion: FUSE threads may ask for the same
 # directory at once, and an expansion must happen exactly once.
+log = logging.getLogger("tensorfs")
+
 _EXPANDING = threading.Lock()
 
 
@@ -192,6 +195,11 @@ class DirNode:
         self._expand = expand
 
     @property
+    def placed(self) -> bool:
+        """Whether the entries are made (reading ``children`` makes them)."""
+        return self._expand is None
+
+    @property
     def children(self) -> dict:
         if self._expand is not None:
             with _EXPANDING:
@@ -199,6 +207,8 @@ class DirNode:
                 if expand is not None:
                     expand(self)
                     self._expand = None     # only now: a reader never sees half the entries
+                    log.debug("directory inode %d: %d entries placed", self.ino,
+                              len(self._entries))
         return self._entries
 
 

@@ -20,6 +20,7 @@ directory, so nothing in it is reached through a symlink.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -278,3 +279,78 @@ def hide_from_cmdline(secrets: list[str]) -> None:
                 at = shown.find(secret, at + len(secret))
     except (OSError, ValueError, IndexError):
         pass
+
+
+_NO_READER = "a FIFO that no process reads, or a socket: not a file to append to"
+
+
+def open_user_log(path: str) -> int:
+    """A descriptor to append to ``path`` (``--log FILE``), the user's own choice of file,
+    but never a way for another user to make us write to theirs or through their link: the
+    last component is not followed unless it is a link the user or root made (``/dev/stderr``),
+    an existing regular file must be the user's own with one name, a FIFO nobody reads is
+    refused at once instead of blocking.  Raises OSError with a reason in ``strerror``."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+    uid = os.geteuid()
+    why = _others_control(os.path.dirname(os.path.abspath(path)), uid)
+    if why is not None:
+        raise OSError(errno.EPERM, why)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW, 0o600)
+    except OSError as error:
+        if error.errno == errno.ENXIO:              # O_NONBLOCK on a FIFO without a reader
+            raise OSError(error.errno, _NO_READER) from None
+        try:            # a link says ELOOP, or EACCES where O_CREAT meets it in a sticky dir
+            link = os.lstat(path)
+        except OSError:
+            raise error from None
+        if not stat.S_ISLNK(link.st_mode):
+            raise
+        if link.st_uid not in (uid, 0):
+            raise OSError(errno.EPERM, f"a symbolic link of uid {link.st_uid}, which is not "
+                          "followed (another user's link could name any file)") from None
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as again:
+            if again.errno == errno.ENXIO:
+                raise OSError(again.errno, _NO_READER) from None
+            raise
+        now = os.lstat(path)
+        if (now.st_ino, now.st_dev, now.st_uid) != (link.st_ino, link.st_dev, link.st_uid):
+            os.close(fd)
+            raise OSError(errno.EPERM, "the symbolic link changed while it was opened") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid != uid:
+            raise OSError(errno.EPERM, f"the file belongs to uid {st.st_uid}: tensorfs appends "
+                          "only to a log of your own")
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            raise OSError(errno.EPERM, f"the file has {st.st_nlink} hard links: tensorfs "
+                          "appends only to a log with one name")
+        os.set_blocking(fd, True)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _others_control(directory: str, uid: int) -> str | None:
+    """Why another user could retarget what ``directory`` names, or None: a symbolic link of
+    another user on the way, or a directory on the way that is another user's, or that anyone
+    can write without the sticky bit (much as ssh's StrictModes checks)."""
+    here = "/"
+    for part in [p for p in directory.split("/") if p]:
+        here = os.path.join(here, part)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return None                 # missing: the open says so
+        if st.st_uid not in (uid, 0):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory"
+            return f"{here} is {kind} of uid {st.st_uid}, who could retarget the path"
+        # a group may write (/var/log is root:syslog 0775 on Ubuntu): its members are the
+        # machine's trusted; anyone may only where the sticky bit keeps them to their own
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+            return (f"{here} can be written by anyone (mode {stat.S_IMODE(st.st_mode):04o}, "
+                    "no sticky bit), who could retarget the path")
+    return None

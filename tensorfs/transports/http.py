@@ -146,6 +146,28 @@ def _userinfo(parts) -> tuple[str, str] | None:
     return unquote(parts.username or ""), unquote(parts.password or "")
 
 
+MAX_NETRC_BYTES = 1 << 20       # a netrc of a thousand hosts is 100 KB; it is read per URL
+
+
+def _netrc_to_read(path: str) -> bool:
+    """Whether ``path`` is a netrc worth reading: a regular file (not a FIFO that would
+    block, not /dev/zero) of at most ``MAX_NETRC_BYTES`` (``netrc`` parses a character at a
+    time: a sparse 1 GiB file held ``inspect`` for minutes).  Passed over, logged, else."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return False
+    if st.st_size > MAX_NETRC_BYTES:
+        log.info("%s: not read: %d bytes, more than a netrc (%d)", path, st.st_size,
+                 MAX_NETRC_BYTES)
+        return False
+    return True
+
+
 def _netrc(host: str | None) -> tuple[str, str] | None:
     """The login ``~/.netrc`` (or ``$NETRC``) holds for ``host``, if any; a netrc that
     cannot be read is passed over (logged), as curl's --netrc-optional does."""
@@ -154,7 +176,7 @@ def _netrc(host: str | None) -> tuple[str, str] | None:
     if not host:
         return None
     path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
-    if not os.path.isfile(path):
+    if not _netrc_to_read(path):
         return None
     try:
         entry = netrc.netrc(path).authenticators(host)

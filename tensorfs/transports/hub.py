@@ -148,7 +148,7 @@ class HubTransport(HttpTransport):
             kind = "remote_timeout" if error.kind == "timeout" else "remote_error"
             raise ModelError(kind, f"{what}: {error.message} from {self.endpoint}",
                              file=shown) from None
-        except ValueError as error:         # JSONDecodeError and the like: not the Hub's JSON
+        except (ValueError, RecursionError) as error:     # not the Hub's JSON (or too deep)
             raise ModelError("remote_error", f"{what}: {self.endpoint} answered something "
                              f"that is not the Hub's JSON ({type(error).__name__})",
                              file=shown) from None
