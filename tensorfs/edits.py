@@ -31,7 +31,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import unsafe_directory
+from tensorfs.runtime import open_private_dir, unsafe_directory
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -220,25 +220,9 @@ class EditStore:
 
     # -- opening ---------------------------------------------------------------------------
     def _open_user_dir(self) -> int:
-        directory = self.directory
-        try:
-            os.makedirs(directory, 0o700, exist_ok=True)
-        except OSError as error:
-            if not os.path.lexists(directory):
-                raise _refused(directory, f"cannot create it: {error.strerror}") from None
-        try:
-            fd = os.open(directory, _OPEN_DIR)
-        except OSError as error:
-            try:
-                why = unsafe_directory(os.lstat(directory), self._euid)
-            except OSError:
-                why = None
-            raise _refused(directory, why or error.strerror) from None
-        why = unsafe_directory(os.fstat(fd), self._euid)
-        if why is not None:
-            os.close(fd)
-            raise _refused(directory, why)
-        return fd
+        # DIR and the whole way to it checked as the disk cache's is: nothing created through
+        # a directory or a link another user controls (runtime.open_private_dir)
+        return open_private_dir(self.directory, self._euid, _refused)
 
     def _open_root(self, dir_fd: int) -> int:
         path = self.root

@@ -85,6 +85,7 @@ def plural(n: int, word: str) -> str:
     """A count and its noun as a message says it: "1 tensor", "2 tensors"."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
+
 def descriptor_limit_line(error: OSError) -> str | None:
     """The one line for EMFILE/ENFILE wherever it surfaced, or None for another error: the
     process's (or the system's) limit on open files, named with its number and the remedy.

@@ -354,3 +354,92 @@ def _others_control(directory: str, uid: int) -> str | None:
             return (f"{here} can be written by anyone (mode {stat.S_IMODE(st.st_mode):04o}, "
                     "no sticky bit), who could retarget the path")
     return None
+
+
+_OPEN_PRIVATE_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_LINKS = 40                      # links followed on the way to DIR, as the kernel's ELOOP
+
+
+def open_private_dir(directory: str, euid: int, refused) -> int:
+    """DIR (absolute: the disk cache's, the edit store's), opened one component at a time from ``/`` without following a link
+    the system did not vet, made (0700; missing parents 0755) if missing, and checked through
+    its descriptor: refused if it is a link, someone else's or others can write it.
+
+    Every directory on the way must be one nobody else can change it under: owned by root or
+    the user, and writable by group or others only if sticky (as /tmp): the rule of ssh's
+    StrictModes.  A link on the way is followed only if root or the user owns it (another
+    user could point it anywhere, as the kernel's protected_symlinks says), and the
+    directories it leads to pass the same rule.  Nothing is created before the directory it
+    is created in has passed.  ``refused(directory, why)`` makes the exception raised."""
+    pending = [c for c in directory.split("/") if c]
+    fd = os.open("/", _OPEN_PRIVATE_DIR)
+    shown = ["/"]                       # the path walked so far, as resolved
+    links = 0
+    try:
+        why = unsafe_ancestor(os.fstat(fd), euid)
+        if why is not None:
+            raise refused(directory, f"/: {why}")
+        while pending:
+            name = pending.pop(0)
+            last = not pending
+            if name == ".":
+                continue
+            here = os.path.join(*shown, name)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, 0o700 if last else 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as error:
+                    raise refused(directory, f"cannot create {here}: {error.strerror}") from None
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode) and not last:
+                if st.st_uid not in (0, euid):
+                    raise refused(directory, f"{here} is a symbolic link of uid {st.st_uid}, "
+                                              "who can point it anywhere")
+                links += 1
+                if links > MAX_LINKS:
+                    raise refused(directory, f"more than {MAX_LINKS} symbolic links on the way")
+                target = os.readlink(name, dir_fd=fd)
+                pending[:0] = [c for c in target.split("/") if c]
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _OPEN_PRIVATE_DIR)
+                    shown = ["/"]
+                continue
+            try:
+                child = os.open(name, _OPEN_PRIVATE_DIR, dir_fd=fd)
+            except OSError as error:
+                why = unsafe_directory(st, euid) if last else None
+                raise refused(directory, why or (error.strerror if last
+                                                  else f"{here}: {error.strerror}")) from None
+            os.close(fd)
+            fd = child
+            # ``shown`` holds directories only (links are resolved), so ".." is its dirname
+            shown = [os.path.dirname(os.path.join(*shown))] if name == ".." else shown + [name]
+            if last:
+                why = unsafe_directory(os.fstat(fd), euid)
+                if why is not None:
+                    raise refused(directory, why)
+            else:
+                why = unsafe_ancestor(os.fstat(fd), euid)
+                if why is not None:
+                    raise refused(directory, f"{os.path.join(*shown)} (on the way to it): {why}")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def unsafe_ancestor(st: os.stat_result, euid: int) -> str | None:
+    """Why a directory on the way to DIR lets someone else swap what DIR is, or None."""
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid not in (0, euid):
+        return f"it belongs to uid {st.st_uid}, who can move what is in it"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"group or others can write it (mode {stat.S_IMODE(st.st_mode):04o}) and it is "
+                "not sticky, so they can move what is in it")
+    return None

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from tests.support.commands import run_tensorfs
 from tests.support.processes import daemon_pid, wait_for
 from tests.support.users import needs_users
 
@@ -338,7 +339,7 @@ def test_edits_persist_and_bind_to_the_model(tmp_path, llama_model, mount):
     assert not (again / "blk" / "0" / "attn_q" / "weight").exists()
 
     other = write_gguf(tmp_path / "other.gguf", base_kvs()[:2], base_tensors(seed=3))
-    from tests.support.commands import run_tensorfs
+
 
     (tmp_path / "m-other").mkdir()
     result = run_tensorfs("mount", other, tmp_path / "m-other", "--edits", edits)
@@ -501,7 +502,7 @@ def test_only_the_owner_edits_under_allow_other(tmp_path, llama_model, users, mo
     """Another user may read, never edit: refused by the kernel (the files are the model's
     owner's, 0644), and by tensorfs, which checks each request's user against the mount's
     (root mounting a model the other user owns: the kernel lets the owner write)."""
-    from tests.support.commands import run_tensorfs
+
 
     _, attacker = users
     if model_owner == "attacker":
@@ -773,3 +774,27 @@ def test_random_edit_sequences_compose_as_save_file_writes(tmp_path_factory, edi
               metadata=expected_meta or None)
     _same_safetensors(composed, reference)
     store.close()
+
+
+@needs_users
+def test_a_link_another_user_planted_on_the_way_to_the_edits_dir_is_never_followed(
+        tmp_path, llama_model, users):
+    """``--edits /shared/link/sub`` where another user made ``link`` in a sticky shared
+    directory: refused in one line naming the link, as the disk cache's DIR is; nothing is
+    created in the directory it points to."""
+    _, attacker = users
+    base = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+    try:
+        base.chmod(0o1777)
+        theirs = base / "theirs"
+        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+        link = base / "link"
+        assert attacker.run("ln", "-s", theirs, link).returncode == 0
+        mnt = tmp_path / "m"
+        mnt.mkdir()
+        result = run_tensorfs("mount", llama_model, mnt, "--edits", link / "sub")
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
+        assert os.listdir(theirs) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

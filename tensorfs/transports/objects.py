@@ -21,9 +21,11 @@ this module adds to its ``get``:
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import re
+import stat
 import struct
 import threading
 from concurrent.futures import Future
@@ -437,9 +439,12 @@ def _pem_file(key: str, value: str, shown: str) -> str:
 
     path = os.path.expanduser(value)
     try:
-        with open(path, "rb") as f:
-            if not os.path.isfile(path):
-                raise IsADirectoryError(f"{value} is not a file")
+        # opened without blocking and checked through the descriptor: a FIFO would wait for a
+        # writer, a device could be endless
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise IsADirectoryError(errno.EINVAL, "not a regular file")
             data = f.read(MAX_CERTIFICATE_BYTES + 1)
     except OSError as error:
         raise ModelError("remote_options", f"{key}={value}: neither PEM text nor a readable "

@@ -161,10 +161,15 @@ def test_root_certificate_takes_a_path_relative_to_the_working_directory(https_n
 @pytest.mark.parametrize("option", ["root_certificate", "proxy_ca_certificate"])
 @pytest.mark.parametrize("given, says", [("missing.pem", "neither PEM text nor a readable file"),
                                          (".", "neither PEM text nor a readable file"),
-                                         ("server.ext", "holds no PEM certificate")])
+                                         ("server.ext", "holds no PEM certificate"),
+                                         ("a-fifo", "not a regular file")])
 def test_a_certificate_option_that_is_no_certificate_is_one_line(https_nginx, private_ca,
                                                                  plain_env, given, says, option):
+    """A FIFO nobody writes is refused at once, not waited on."""
     url = f"{https_nginx.url}/files/safetensors/model.safetensors"
+    fifo = private_ca.trust.parent / "a-fifo"
+    if given == "a-fifo" and not fifo.exists():
+        os.mkfifo(fifo)
     line = _one_line(run_tensorfs("inspect", url, "--storage-option", f"{option}={given}",
                                   env=_env(plain_env), cwd=private_ca.trust.parent))
     assert says in line and f"{option}={given}" in line, line
