@@ -215,7 +215,7 @@ class OpenModel:
         plan = plan_view(tensor)
         if plan.kind == "native":
             dtype = np.dtype(plan.npy_dtype)
-            local = _local_fd(source)
+            local = source.local_fd
             if local is not None and tensor.nbytes > 0:
                 return _mapped(local, tensor, dtype)
             out = np.empty(tensor.shape, dtype)
@@ -232,13 +232,6 @@ class OpenModel:
 
     def __len__(self) -> int:
         return len(self.tensors)
-
-
-def _local_fd(source) -> int | None:
-    """The descriptor of a local file's source (the one the header was validated against
-    and that a mount would serve from), or None for a source that is not a local file."""
-    fd = getattr(source, "fd", None)
-    return fd if isinstance(fd, int) else None
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:

@@ -369,7 +369,7 @@ class BlockReader:
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
         must not push each other out before they are read."""
-        room = getattr(self.memory, "max_bytes", MAX_AHEAD * self.block) // (4 * self.block)
+        room = self.memory.max_bytes // (4 * self.block)
         return max(1, min(MAX_AHEAD, room))
 
     def _fetch_ahead(self, index: int, deadline: float) -> None:

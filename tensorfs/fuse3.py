@@ -346,14 +346,9 @@ class _LoopConfig32(ctypes.Structure):         # struct fuse_loop_config before 
 class Session:
     """One mount served by libfuse's loop, calling into ``fs``.
 
-    ``fs`` answers:  ``lookup(parent_ino, name) -> Entry``, ``getattr(ino) -> Entry``,
-    ``listing(ino) -> [(name, Entry)]`` (a directory's entries after "." and ".."),
-    ``open(ino) -> fd | None`` (may the file be opened; a descriptor that holds all of it,
-    for the kernel to read itself), ``read_fd(ino, offset, size) -> (fd, pos, n) | None``
-    (the bytes are ``n`` bytes of ``fd`` at ``pos``: sent from there without passing through
-    Python), ``read_into(ino, offset, buf) -> n`` (the bytes copied into ``buf``),
-    ``getxattr(ino, name) -> bytes``, ``listxattr(ino) -> [str]``.  ``FsError(errno)`` is
-    answered as it is; ``errno_of(exc)`` maps (and may log) any other exception.
+    ``fs`` is a ``tensorfs.operations.Operations``: its methods, documented there, answer
+    the kernel's requests.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
+    (given: the filesystem's ``Operations.errno_of``) maps (and may log) any other exception.
 
     How a local file's bytes reach the kernel (``mechanism``, chosen at INIT and logged once):
 

@@ -12,9 +12,9 @@ import os
 
 from tensorfs.fuse3 import Entry, FsError, Session
 from tensorfs.mountoptions import MountOptions
-from tensorfs.namespace import DirNode, Tree
+from tensorfs.namespace import DirNode, FileNode, Tree
+from tensorfs.operations import Operations
 from tensorfs.source import SourceError
-from tensorfs.views import fill_from
 
 log = logging.getLogger("tensorfs")
 
@@ -35,17 +35,18 @@ FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 KEEP_LISTING_ENTRIES = 64
 
 
-class TensorFS:
+class TensorFS(Operations):
+    """The ``Operations`` of a mount: a ``Tree``'s nodes by inode number."""
+
     def __init__(self, tree: Tree):
         self.tree = tree
         self._nlink: dict[int, int] = {}
         self._listings: dict[int, list] = {}
 
     # -- the one errno mapping -----------------------------------------------------------------
-    @staticmethod
-    def errno_of(exc: BaseException) -> int:
+    def errno_of(self, exc: BaseException) -> int:
         if isinstance(exc, SourceError):
-            if not getattr(exc, "logged", False):   # a source that said it already (once)
+            if not exc.logged:      # a source that said it already (once)
                 log.error("%s", exc)
             return errno.EIO
         if isinstance(exc, OSError):
@@ -74,9 +75,9 @@ class TensorFS:
                     isinstance(c, DirNode) for c in node.children.values())
             return Entry(node.ino, True, 0, nlink)
         view = node.view
-        if listing and not getattr(view, "cheap_size", False):
+        if listing and not view.cheap_size:
             return Entry(node.ino, False, None, 1)
-        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None))
+        return Entry(node.ino, False, view.size, 1, view.mtime_ns)
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
@@ -107,21 +108,19 @@ class TensorFS:
     def open(self, ino: int) -> int | None:
         """A view that can say so refuses a file changed since the mount (EIO) here, and may
         name the descriptor holding all of it (tensorfs.fuse3: passthrough)."""
-        check = getattr(self._file_view(ino), "open", None)
-        return check() if check is not None else None
+        return self._file_view(ino).open()
 
     def read_fd(self, ino: int, offset: int, size: int):
-        ranged = getattr(self._file_view(ino), "read_fd", None) if FD_REPLIES else None
-        return ranged(offset, size) if ranged is not None else None
+        return self._file_view(ino).read_fd(offset, size) if FD_REPLIES else None
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         node = self._node(ino)
         if isinstance(node, DirNode):
             raise FsError(errno.EISDIR)
-        return fill_from(node.view, offset, buf)
+        return node.view.read_into(offset, buf)
 
     def getxattr(self, ino: int, name: str) -> bytes:
-        xattrs = getattr(self._node(ino), "xattrs", {})
+        xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
             return xattrs[name]
         if not name.startswith("user."):
@@ -131,7 +130,11 @@ class TensorFS:
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list:
-        return list(getattr(self._node(ino), "xattrs", {}))
+        return list(self._xattrs(self._node(ino)))
+
+    @staticmethod
+    def _xattrs(node):
+        return node.xattrs if isinstance(node, FileNode) else {}
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,

@@ -167,9 +167,7 @@ class Location:
 
         source = self.open(path)
         model_file = parse_source(source)
-        end_parse = getattr(source, "end_parse", None)
-        if end_parse is not None:
-            end_parse([(t.offset, t.nbytes) for t in model_file.tensors])
+        source.end_parse([(t.offset, t.nbytes) for t in model_file.tensors])
         return model_file
 
     def parse_all(self, paths: list[str]) -> list[ModelFile]:

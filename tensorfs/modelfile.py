@@ -56,7 +56,7 @@ def parse_source(source) -> ModelFile:
                                      f"{MAX_HEADER_READ} bytes ({more.needed} at least), "
                                      f"the most tensorfs reads as a header", file=path)
                 grown = GROWTH * len(prefix)
-                step = getattr(source, "prefix_step", None)
+                step = source.prefix_step
                 if step is not None:        # a remote file: no more than header + step fetched
                     grown = min(grown, len(prefix) + step)
                 want = min(file_size, MAX_HEADER_READ, max(more.needed, grown))

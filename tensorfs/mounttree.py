@@ -43,7 +43,7 @@ class MountedModel:
         for source in self.sources.values():
             source.start()      # a remote source's transport: its event loop thread is
                                 # not copied by fork
-            blocks = getattr(source, "blocks", None)
+            blocks = source.blocks
             if blocks is not None and self.whole_files:
                 # A block served through a tensor's file is in that file's page cache, not
                 # in the whole file's (nor the reverse): it stays in the memory cache (LRU,
@@ -52,7 +52,7 @@ class MountedModel:
                 blocks.page_cached = False
         for companion in self.model.companions:
             companion.start()
-        aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
+        aborts = [s.abort for s in self.sources.values() if s.remote]
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()

@@ -27,7 +27,7 @@ from tensorfs.blockcache import BlockReader, Fetcher
 from tensorfs.diskcache import DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location, display_url
-from tensorfs.source import SourceError
+from tensorfs.source import Source, SourceError
 from tensorfs.transports import transport_for
 from tensorfs.transports.base import FetchError, Transport
 
@@ -137,13 +137,14 @@ def _logged(error: SourceError) -> SourceError:
     return error
 
 
-class RemoteSource:
+class RemoteSource(Source):
     """A remote file as served: size and version pinned by the first request, the header
     kept from the parse, every other byte read through the block cache."""
 
     # the parser's growing prefix grows by at most this much past what it asked for: a mount
     # fetches at most header + 1 MiB of each file (SPEC §8)
     prefix_step = 1 << 20
+    remote = True
 
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
                  disk: DiskCache | None, fetcher: Fetcher | None = None):

@@ -29,7 +29,8 @@ import logging
 import threading
 
 from tensorfs.errors import ModelError
-from tensorfs.source import SourceError
+from tensorfs.source import Source, SourceError
+from tensorfs.views import RawView
 
 log = logging.getLogger("tensorfs")
 
@@ -144,20 +145,23 @@ def _remote_opener(location, path: str):
     return open_it
 
 
-class WholeFileView:
+class WholeFileView(RawView):
     """One file of ``files/``: every byte of its source, with the source's mtime.
 
     ``open()`` says whether the file may be read (a changed file: ``SourceError``) and which
     descriptor holds it whole, for the kernel to read itself (FUSE passthrough);
-    ``read_fd`` names the descriptor and offset of a range (splice); ``read_into`` copies."""
+    ``read_fd`` names the descriptor and offset of a range (splice); ``read_into`` copies,
+    with read-ahead over the whole file (a remote file), not one tensor."""
 
-    def __init__(self, source=None, companion: Companion | None = None):
+    offset = 0
+
+    def __init__(self, source: Source | None = None, companion: Companion | None = None):
         self._source = source
         self._companion = companion
         self._mtime_ns: int | None = None
 
     @property
-    def source(self):
+    def source(self) -> Source:
         return self._source if self._source is not None else self._companion.source()
 
     @property
@@ -169,55 +173,19 @@ class WholeFileView:
         return self.source.size
 
     @property
+    def _span(self) -> tuple[int, int]:
+        return 0, self.size
+
+    @property
     def mtime_ns(self) -> int:
         if self._mtime_ns is None:
             self._mtime_ns = int(self.source.stat().st_mtime_ns)
         return self._mtime_ns
 
-    def _local_fd(self, source) -> int | None:
-        fd = getattr(source, "fd", None)
-        return fd if isinstance(fd, int) and hasattr(source, "vouch") else None
-
     def open(self) -> int | None:
         source = self.source
-        fd = self._local_fd(source)
-        if fd is None:
-            broken = getattr(source, "broken", None)
-            if broken:
-                raise SourceError(errno.EIO, f"{source.name}: {broken}")
-            return None
         source.vouch()
-        return fd
-
-    def read_fd(self, offset: int, size: int):
-        source = self.source
-        fd = self._local_fd(source)
-        if fd is None:
-            return None
-        total = source.size
-        if offset >= total or size <= 0:
-            return fd, total, 0
-        size = min(size, total - offset)
-        source.vouch(offset, size)
-        return fd, offset, size
-
-    def read_into(self, offset: int, buf) -> int:
-        source = self.source
-        total = source.size
-        if offset >= total or len(buf) == 0:
-            return 0
-        size = min(len(buf), total - offset)
-        if hasattr(source, "blocks"):       # a remote file: read-ahead over the whole file,
-            return source.read_into(offset, buf[:size], span=(0, total))    # not one tensor
-        return source.read_into(offset, buf[:size])
-
-    def read(self, offset: int, size: int) -> bytes:
-        total = self.size
-        if offset >= total or size <= 0:
-            return b""
-        out = bytearray(min(size, total - offset))
-        n = self.read_into(offset, memoryview(out))
-        return bytes(out[:n])
+        return source.local_fd
 
 
 def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileView]:
