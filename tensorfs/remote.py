@@ -191,6 +191,11 @@ class RemoteSource(Source):
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
                         "under the mount cannot be told; not kept in the disk cache", self.path)
 
+    def vouch(self, offset: int = 0, size: int = 0) -> None:
+        """A file whose version changed is refused at open too (its error logged once)."""
+        if self.broken is not None:
+            raise _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
+
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""
         self._parsing = False
