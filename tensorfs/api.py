@@ -219,7 +219,7 @@ class OpenModel:
             if local is not None and tensor.nbytes > 0:
                 return _mapped(local, tensor, dtype)
             out = np.empty(tensor.shape, dtype)
-            _read_into(source, tensor.offset, _bytes_of(out))
+            source.read_into(tensor.offset, _bytes_of(out))
             out.flags.writeable = False
             return out
         if plan.kind == "converted":
@@ -238,11 +238,6 @@ def _bytes_of(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
 
 
-def _read_into(source, offset: int, buf: memoryview) -> None:
-    if len(buf):
-        source.read_into(offset, buf)
-
-
 def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:
     """A read-only ``numpy.memmap`` of the tensor's bytes, mapped from the descriptor the
     header was validated on (not the path again: it may name another file by now)."""
@@ -259,6 +254,6 @@ def _converted(source, tensor: TensorInfo, conversion) -> np.ndarray:
     for first in range(0, n_blocks, per_slab):
         count = min(per_slab, n_blocks - first)
         raw = scratch[:count * block_in]
-        _read_into(source, tensor.offset + first * block_in, memoryview(raw))
+        source.read_into(tensor.offset + first * block_in, memoryview(raw))
         conversion.convert(raw, out=out[first * block_out:(first + count) * block_out])
     return out.reshape(tensor.shape)

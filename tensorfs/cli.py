@@ -103,8 +103,12 @@ def worker_count(text: str) -> int:
     return n
 
 
+# A size as the options take it: 512M, 2G, 10GiB, 4096.
+SIZE = re.compile(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*")
+
+
 def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    match = SIZE.fullmatch(text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match.group(2).lower()]
@@ -232,7 +236,7 @@ def _hide_secrets(args) -> None:
 
 def parse_disk_cache(text: str) -> tuple[str, int]:
     directory, sep, size = text.rpartition(":")
-    if not sep or not re.fullmatch(r"\s*\d+\s*[kKmMgGtT]?(i?[bB])?\s*", size):
+    if not sep or not SIZE.fullmatch(size):
         directory, size = text, DEFAULT_DISK_CACHE_SIZE
     if not directory:
         raise argparse.ArgumentTypeError("--disk-cache needs a directory")

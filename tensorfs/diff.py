@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (PIECE_ELEMENTS, Piece, Progress, Scratch, cpu_count, fmt,
-                            json_number, lcm, open_model, read_into, run_ordered, shown_name,
+from tensorfs.facts import (PIECE_ELEMENTS, Piece, Progress, Scratch, fmt,
+                            json_number, lcm, open_model, run_ordered, shown_name,
                             source_of, stored_order, tasks_of, values_of)
+from tensorfs.workers import usable_cpus
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",
             "shape_differs", "only_in_a", "only_in_b")
@@ -127,7 +128,7 @@ def _sums(a: np.ndarray, b: np.ndarray, scratch: Scratch, bytes_equal: bool) -> 
 def model_diff(a, b, workers: int | None = None, progress: Progress | None = None,
                on_tensor=None) -> list[TensorDiff]:
     """Every name of A (in A's stored order), then those only in B."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     ta = stored_order(a.model)
     tb = {t.name: t for t in stored_order(b.model)}
     results: list[TensorDiff] = []
@@ -176,8 +177,8 @@ def model_diff(a, b, workers: int | None = None, progress: Progress | None = Non
         start = piece.first // v.unit_elems * v.unit_bytes
         nbytes = -(-piece.count // v.unit_elems) * v.unit_bytes
         raw = scratch.get(key, nbytes, np.uint8)
-        read_into(source_of(a if key == "ra" else b, tensor), tensor.offset + start,
-                  memoryview(raw))
+        source_of(a if key == "ra" else b, tensor).read_into(tensor.offset + start,
+                                                             memoryview(raw))
         return raw
 
     def work(task):

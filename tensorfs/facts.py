@@ -39,14 +39,6 @@ class FactsError(Exception):
     one line, like a ``ModelError``."""
 
 
-def cpu_count() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def open_model(model: str, storage_options: dict | None = None, timeout: float | None = None):
     """``tensorfs.api.open`` of what the user named: any MODEL form, with the remote options
     for a URL only."""
@@ -81,11 +73,6 @@ def stored_order(model) -> list[TensorInfo]:
 def source_of(open_model_, tensor: TensorInfo):
     """The source a tensor's bytes are read from: the one its file was parsed from."""
     return open_model_.model.sources[tensor.file]
-
-
-def read_into(source, offset: int, buf) -> None:
-    if len(buf):
-        source.read_into(offset, buf)
 
 
 # -- values ---------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tensorfs.facts import (HASH_PIECE_BYTES, FactsError, Progress, cpu_count, read_into,
-                            source_of, stored_order)
+from tensorfs.facts import HASH_PIECE_BYTES, FactsError, Progress, source_of, stored_order
+from tensorfs.workers import usable_cpus
 
 # uuid.uuid5(uuid.NAMESPACE_URL, 'en.wikipedia.org/wiki/Llama.cpp'), as gguf-hash.cpp has it
 UUID_NAMESPACE = uuid.UUID("ef001206-dadc-5f6d-a15f-3359e577d4e5")
@@ -155,7 +155,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
     other lanes, a tensor's pieces in order on one lane.  So the whole-model hash of the
     slowest algorithm bounds the time: it is one sequential stream (a hash of a
     concatenation cannot be split), the per-tensor hashes run beside it."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     tensors = stored_order(opened.model)
     model_algorithms = [a for a in ALGORITHMS if a in algorithms] + \
         (["uuid"] if "uuid" in algorithms else [])
@@ -177,7 +177,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
 
     def read(source, offset: int, buf: bytearray, n: int) -> memoryview:
         view = memoryview(buf)[:n]
-        read_into(source, offset, view)
+        source.read_into(offset, view)
         return view
 
     def feed_model(algorithm: str, read_done: Future, buf: bytearray) -> None:

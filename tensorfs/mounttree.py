@@ -17,7 +17,7 @@ from tensorfs.metadata_files import add_metadata_files
 from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
-from tensorfs.plan import ViewPlan, plan_view
+from tensorfs.plan import Plans, ViewPlan
 from tensorfs.source import ModelSource
 from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
                             worker_pool)
@@ -170,15 +170,8 @@ class TensorXattrs(Mapping):
 def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths], dict[str, ViewPlan]]:
     """Paths and view plans of every tensor: all that metadata.json needs besides the model."""
     paths = tensor_paths([t.name for t in model.tensors], layout)
-    by_type: dict[tuple, ViewPlan] = {}       # the plan depends only on the type
-    plans = {}
-    for t in model.tensors:
-        key = (t.dtype, t.ggml_type, t.byte_order)
-        plan = by_type.get(key)
-        if plan is None:
-            plan = by_type[key] = plan_view(t)
-        plans[t.name] = plan
-    return paths, plans
+    plan_of = Plans()
+    return paths, {t.name: plan_of(t) for t in model.tensors}
 
 
 # The largest size ``stat`` can tell: st_size is a signed 64-bit off_t (the kernel's
@@ -197,7 +190,7 @@ def check_sizes(model: Model, npy: bool = True) -> None:
     (a local one's came from fstat, so it does; a remote one's is what a server said).
     Only the .npy views can be larger than their file, and they are checked one by one
     only in a file so large that one could be (so a 100k-tensor model pays nothing)."""
-    by_type: dict[tuple, ViewPlan] = {}
+    plan_of = Plans()
     for f in model.files:
         if f.file_size > MAX_FILE_SIZE:
             raise ModelError("file_size", f"the file is {f.file_size} bytes, more than a file "
@@ -205,8 +198,7 @@ def check_sizes(model: Model, npy: bool = True) -> None:
         if not npy or f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
             continue
         for t in f.tensors:
-            key = (t.dtype, t.ggml_type, t.byte_order)
-            plan = by_type.get(key) or by_type.setdefault(key, plan_view(t))
+            plan = plan_of(t)
             if plan.kind is None:
                 continue
             data = t.nbytes if plan.kind == "native" else t.n_elements * 4
@@ -220,15 +212,11 @@ def check_sizes(model: Model, npy: bool = True) -> None:
 
 def costly_bytes(model: Model) -> int:
     """Float32 bytes of the model's tensors whose conversion is costly (block quants)."""
-    by_type: dict[tuple, bool] = {}
+    plan_of = Plans()
     total = 0
     for t in model.tensors:
-        key = (t.dtype, t.ggml_type, t.byte_order)
-        costly = by_type.get(key)
-        if costly is None:
-            plan = plan_view(t)
-            costly = by_type[key] = plan.kind == "converted" and plan.conversion.costly
-        if costly:
+        plan = plan_of(t)
+        if plan.kind == "converted" and plan.conversion.costly:
             total += t.n_elements * 4
     return total
 
@@ -285,14 +273,11 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     add_metadata_files(tree, model, cache)
 
     tensors = model.tensors
-    plans_by_type: dict[tuple, ViewPlan] = {}
+    plan_of = Plans()
 
     def make_files(i: int):
         tensor = tensors[i]
-        key = (tensor.dtype, tensor.ggml_type, tensor.byte_order)
-        plan = plans_by_type.get(key)
-        if plan is None:
-            plan = plans_by_type[key] = plan_view(tensor)
+        plan = plan_of(tensor)
         source = sources[tensor.file]
         raw = RawView(source, tensor.offset, tensor.nbytes)
         if plan.kind == "native":

@@ -29,3 +29,18 @@ def plan_view(tensor: TensorInfo) -> ViewPlan:
         return ViewPlan("converted", "<f4", conversion)
     reason = convert.raw_only_reason(tensor)
     return ViewPlan(None, None, None, reason or f"no conversion for {tensor.dtype}")
+
+
+class Plans:
+    """``plan_view`` made once per stored type: a plan depends on the type alone (dtype,
+    GGML type, byte order), and a model has thousands of tensors of a few types."""
+
+    def __init__(self):
+        self._by_type: dict[tuple, ViewPlan] = {}
+
+    def __call__(self, tensor: TensorInfo) -> ViewPlan:
+        key = (tensor.dtype, tensor.ggml_type, tensor.byte_order)
+        plan = self._by_type.get(key)
+        if plan is None:
+            plan = self._by_type[key] = plan_view(tensor)
+        return plan

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (FactsError, Progress, Scratch, cpu_count, cut, fmt, json_number,
-                            open_model, read_into, run_ordered, shown_name, source_of,
+from tensorfs.facts import (FactsError, Progress, Scratch, cut, fmt, json_number,
+                            open_model, run_ordered, shown_name, source_of,
                             stored_order, tasks_of, values_of)
+from tensorfs.workers import usable_cpus
 
 
 @dataclass
@@ -134,7 +135,7 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
                 progress: Progress | None = None, on_tensor=None) -> list[TensorStats]:
     """Stats of the tensors named (all by default), in stored order; ``on_tensor(stats)``
     is called as each one is done, in that order."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     tensors = select(opened, names)
     how = [values_of(t) for t in tensors]
     results: list[TensorStats] = [TensorStats(t.name, t.dtype, t.shape, Moments() if v.exists
@@ -152,7 +153,7 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
         for piece in task:
             t, v = tensors[piece.index], how[piece.index]
             raw = scratch.get("raw", piece.nbytes, np.uint8)
-            read_into(source_of(opened, t), t.offset + piece.start, memoryview(raw))
+            source_of(opened, t).read_into(t.offset + piece.start, memoryview(raw))
             values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
             out.append((piece, moments(values, scratch)))
         return out
