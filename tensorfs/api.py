@@ -32,6 +32,7 @@ from tensorfs.loader import load_model
 from tensorfs.model import Model, TensorInfo
 from tensorfs.plan import plan_view
 from tensorfs.source import ModelSource
+from tensorfs.urls import remote_settings
 from tensorfs.wholefiles import whole_file_views
 
 __all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
@@ -103,17 +104,9 @@ def open(model, *, storage_options: dict | None = None,      # noqa: A001 - as S
     For a URL (SPEC §8, needs ``tensorfs-fuse[remote]``): ``storage_options`` are passed to
     fsspec (as ``--storage-option``), ``timeout`` bounds each read in seconds (``--timeout``);
     endpoints and credentials come from the environment as for a mount."""
-    from tensorfs.location import is_url
-
     model = os.fspath(model)
-    remote = None
-    if is_url(model):
-        from tensorfs.remote import RemoteSettings
-
-        remote = RemoteSettings(storage_options=dict(storage_options or {}))
-        if timeout is not None:
-            remote.timeout = float(timeout)
-    elif storage_options or timeout is not None:
+    remote = remote_settings(model, storage_options=storage_options, timeout=timeout)
+    if remote is None and (storage_options or timeout is not None):
         raise ValueError("storage_options and timeout apply to a URL only")
     return OpenModel(load_model(model, remote))
 

@@ -56,7 +56,8 @@ def argument_secrets(argv: list[str]) -> list[str]:
     ``--storage-option=KEY=VALUE``, a mistyped flag): every URL's credentials
     (``location.url_secrets``) and every VALUE of an argument holding ``=``, unless it is a
     number, true, false or null (``--storage-option anon=true`` hides nothing)."""
-    from tensorfs.location import is_url, url_secrets
+    from tensorfs.location import is_url, url_secrets     # at first use: start-up time
+    from tensorfs.urls import is_scalar
 
     found = []
     for arg in argv:
@@ -66,17 +67,9 @@ def argument_secrets(argv: list[str]) -> list[str]:
         rest = arg
         while "=" in rest:          # --s=KEY=VALUE: "KEY=VALUE" and "VALUE"
             rest = rest.split("=", 1)[1]
-            if rest and not _scalar(rest):
+            if rest and not is_scalar(rest):
                 found.append(rest)
     return sorted(set(found), key=len, reverse=True)        # the longest first
-
-
-def _scalar(text: str) -> bool:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return False
-    return value is None or isinstance(value, (bool, int, float))
 
 
 def without_secrets(text: str, argv: list[str]) -> str:
@@ -224,14 +217,19 @@ def _hide_secrets(args) -> None:
     --storage-option's text to ``parse_storage_option``, abbreviated or not): the URL's
     credentials (``location.url_secrets``) and every storage option's VALUE but a number,
     true, false or null.  Done once the arguments are parsed, before any request."""
-    from tensorfs.location import is_url, url_secrets
-    from tensorfs.runtime import hide_from_cmdline
+    from tensorfs.runtime import hide_from_cmdline      # at first use: start-up time
+    from tensorfs.urls import command_line_secrets
 
-    model = getattr(args, "model", None)
-    secrets = url_secrets(model) if model and is_url(model) else []
-    secrets += [option.text for option in getattr(args, "storage_options", None) or []
-                if not _scalar(option.text)]
-    hide_from_cmdline(secrets)
+    options = getattr(args, "storage_options", None) or []      # not every command has it
+    hide_from_cmdline(command_line_secrets(_models(args), [option.text for option in options]))
+
+
+def _models(args) -> list[str]:
+    """The models a command line names (diff: two; list, unmount: none)."""
+    if args.command == "diff":
+        return [args.a, args.b]
+    model = getattr(args, "model", None)        # not every command has one
+    return [model] if model else []
 
 
 def parse_disk_cache(text: str) -> tuple[str, int]:
@@ -243,25 +241,18 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
     return os.path.abspath(directory), parse_size(size)     # from where the command runs
 
 
-def _storage_options(args) -> dict:
-    return dict(getattr(args, "storage_options", None) or [])
-
-
 def _remote_settings(args, cache):
     """How a URL's files are read (tensorfs.remote); nothing for a local file.  ``cache``:
     the mount's LRU, which holds the fetched blocks too (one --cache-size)."""
-    from tensorfs.location import is_url
+    from tensorfs.urls import option_problem, remote_settings   # at first use: start-up time
 
-    if not is_url(args.model):
-        if args.storage_options or getattr(args, "disk_cache", None):
-            raise UsageError("--storage-option and --disk-cache apply to a URL only")
-        return None
-    if not args.timeout > 0:
-        raise UsageError("--timeout must be more than 0 seconds")
-    from tensorfs.remote import RemoteSettings
-
-    return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
-                          cache=cache, disk_cache=getattr(args, "disk_cache", None))
+    disk_cache = getattr(args, "disk_cache", None)      # mount only
+    problem = option_problem([args.model], storage_options=args.storage_options,
+                             timeout=args.timeout, disk_cache=disk_cache)
+    if problem is not None:
+        raise UsageError(problem)
+    return remote_settings(args.model, storage_options=args.storage_options,
+                           timeout=args.timeout, cache=cache, disk_cache=disk_cache)
 
 
 def _say_error(text: str) -> None:
@@ -335,8 +326,7 @@ def main(argv=None) -> int:
         if args.command in ("hash", "stats", "diff"):
             from tensorfs.facts_commands import main as facts_main
 
-            options = getattr(args, "storage_options", None) or []
-            return facts_main(args, _say_error, debug, [option.text for option in options])
+            return facts_main(args, _say_error, debug)
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
         _say_error(error)

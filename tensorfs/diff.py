@@ -30,8 +30,9 @@ import numpy as np
 
 from tensorfs.errors import printable
 from tensorfs.facts import (PIECE_ELEMENTS, Piece, Progress, Scratch, fmt,
-                            json_number, lcm, open_model, run_ordered, shown_name,
+                            json_number, lcm, open_model, run_ordered,
                             source_of, stored_order, tasks_of, values_of)
+from tensorfs.urls import shown_name
 from tensorfs.workers import usable_cpus
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",

@@ -50,13 +50,6 @@ def open_model(model: str, storage_options: dict | None = None, timeout: float |
     return api.open(model)
 
 
-def shown_name(model: str) -> str:
-    """How a model is named in output: as given, a URL without its credentials or query."""
-    from tensorfs.location import display_url, is_url
-
-    return display_url(model) if is_url(model) else model
-
-
 def stored_order(model) -> list[TensorInfo]:
     """The tensors in the order their bytes are stored: file by file, a GGUF's in the order
     of its tensor infos (llama-gguf-hash's order), a safetensors file's by offset (so the

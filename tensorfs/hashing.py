@@ -348,7 +348,8 @@ def chosen_algorithms(args, manifest: Manifest | None) -> tuple[str, ...]:
 
 def run(args, out=None) -> int:
     """The ``hash`` command; its exit status."""
-    from tensorfs.facts import open_model, shown_name
+    from tensorfs.facts import open_model
+    from tensorfs.urls import shown_name
 
     out = out or sys.stdout
     manifest = read_manifest(args.check) if args.check else None

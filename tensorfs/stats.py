@@ -21,8 +21,9 @@ import numpy as np
 
 from tensorfs.errors import printable
 from tensorfs.facts import (FactsError, Progress, Scratch, cut, fmt, json_number,
-                            open_model, run_ordered, shown_name, source_of,
+                            open_model, run_ordered, source_of,
                             stored_order, tasks_of, values_of)
+from tensorfs.urls import shown_name
 from tensorfs.workers import usable_cpus
 
 
