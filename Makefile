@@ -102,6 +102,7 @@ demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
 
 test: test-venv clients-venv llama-gguf-hash
+	$(BIN)/ruff check tensorfs tests bench tools examples
 	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
 
 # llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from

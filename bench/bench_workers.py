@@ -42,11 +42,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from tensorfs.convert import conversion_for          # noqa: E402
-from tensorfs.loader import load_model               # noqa: E402
-from tensorfs.source import ModelSource              # noqa: E402
-from tensorfs.views import CHUNK_OUTPUT_BYTES        # noqa: E402
-from tensorfs.workers import WorkerPool              # noqa: E402
+from tensorfs.convert import conversion_for          # noqa: E402 (after the sys.path line above)
+from tensorfs.loader import load_model               # noqa: E402 (after the sys.path line above)
+from tensorfs.source import ModelSource              # noqa: E402 (after the sys.path line above)
+from tensorfs.views import CHUNK_OUTPUT_BYTES        # noqa: E402 (after the sys.path line above)
+from tensorfs.workers import WorkerPool              # noqa: E402 (after the sys.path line above)
 
 
 def chunks(tensor, conv):

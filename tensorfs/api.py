@@ -95,7 +95,7 @@ class _Metadata(Mapping):
         return f"<metadata: {len(self)} keys>"
 
 
-def open(model, *, storage_options: dict | None = None,      # noqa: A001 - as SPEC §9 names it
+def open(model, *, storage_options: dict | None = None,
          timeout: float | None = None) -> "OpenModel":
     """Parse and validate ``model`` (a file, an index, a directory, a split GGUF's first
     shard, or a URL of any of those — what ``tensorfs mount`` takes); ``ModelError`` if it

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
-from tensorfs.diskcache import DiskCache  # noqa: F401  (the blocks on disk: its own module)
+from tensorfs.diskcache import DiskCache
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
@@ -103,7 +103,7 @@ class Fetcher:
             job = self._next()
             try:
                 job()
-            except BaseException:           # noqa: BLE001 - a job reports to its own futures
+            except BaseException:           # any exception: a job reports to its own futures
                 log.exception("a fetch failed unexpectedly")
 
 

@@ -3,7 +3,8 @@
 Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
 failure and 2 for a usage error; a traceback only with ``--debug``.  The line is escaped as a
 whole and bounded in length (``tensorfs.errors.one_line_bounded``): whatever name it quotes,
-no control character reaches the terminal and a megabyte name makes no megabyte line.  The daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
+no control character reaches the terminal and a megabyte name makes no megabyte line.  The
+daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
 """
 
 from __future__ import annotations

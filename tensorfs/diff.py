@@ -270,7 +270,7 @@ def run(args, out=None) -> int:
         on_tensor = None
         if not args.json:
             out.write("\t".join(COLUMNS) + "\n")
-            on_tensor = lambda d: (out.write("\t".join(row(d)) + "\n"), out.flush())  # noqa: E731
+            on_tensor = lambda d: (out.write("\t".join(row(d)) + "\n"), out.flush())  # noqa: E731 (a one-line callback)
         with Progress(total, "diff") as progress:
             results = model_diff(a, b, progress=progress, on_tensor=on_tensor)
     counts = summary(results)

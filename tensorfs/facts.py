@@ -12,7 +12,6 @@ release the GIL on buffers this large (docs/facts.md, "Speed", says what was mea
 from __future__ import annotations
 
 import math
-import os
 import sys
 import threading
 from collections import deque

@@ -184,7 +184,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
         try:
             if not failed:
                 model_hashers[algorithm].update(read_done.result())
-        except BaseException as error:     # noqa: BLE001 - handed to the caller
+        except BaseException as error:     # any exception: handed to the caller
             fail(error)
         finally:
             buffers.done(buf)
@@ -199,7 +199,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
                 if last:
                     out.tensors[slot] = (out.tensors[slot][0],
                                          {a: final_value(a, h) for a, h in state.items()})
-        except BaseException as error:     # noqa: BLE001
+        except BaseException as error:     # any exception: handed to the caller
             fail(error)
         finally:
             with lock:

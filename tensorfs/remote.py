@@ -19,7 +19,6 @@ import threading
 import time
 import types
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from tensorfs import blockcache
 from tensorfs import status as mount_status

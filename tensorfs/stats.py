@@ -201,7 +201,7 @@ def run(args, out=None) -> int:
         on_tensor = None
         if not args.json and not args.plot:
             out.write("\t".join(COLUMNS) + "\n")
-            on_tensor = lambda s: (out.write("\t".join(row(s)) + "\n"), out.flush())  # noqa: E731
+            on_tensor = lambda s: (out.write("\t".join(row(s)) + "\n"), out.flush())  # noqa: E731 (a one-line callback)
         with Progress(total, "stats") as progress:
             results = model_stats(opened, args.tensors or None, progress=progress,
                                   on_tensor=on_tensor)

@@ -61,7 +61,6 @@ def write_every_type_gguf(path, seed: int = 0) -> dict[str, Expected]:
     out: dict[str, Expected] = {}
     rows = 3
     for layer, kind in enumerate(WRITER_TYPES + ["BF16"]):
-        gt = GGML_TYPES_BY_NAME[kind]
         # Q4_K: more values than one stats piece (1 << 20)
         per_row = 1400 if kind == "Q4_K" else 2
         name = f"blk.{layer}.{kind.lower()}.weight"

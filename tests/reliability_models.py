@@ -21,7 +21,7 @@ import numpy as np
 from quant_blocks import oracle, random_blocks
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
 # once defined here, now in tests.support (re-exported: tests import them from here too)
-from tests.support import EIO, alive, daemon_pid, read_errno, wait_for  # noqa: F401
+from tests.support import EIO, alive, daemon_pid, read_errno, wait_for  # noqa: F401 (re-exported to the reliability tests)
 
 
 @dataclass

@@ -714,13 +714,13 @@ def _headers(lines: list[bytes]) -> dict[str, str]:
 def _parse_request(head: bytes) -> tuple[str, str, dict]:
     lines = head.split(b"\r\n")
     method, uri, _ = lines[0].decode("latin-1").split(" ", 2)
-    return method, uri, _headers([l for l in lines[1:] if l])
+    return method, uri, _headers([line for line in lines[1:] if line])
 
 
 def _parse_response(head: bytes) -> tuple[int, dict]:
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
-    return status, _headers([l for l in lines[1:] if l])
+    return status, _headers([line for line in lines[1:] if line])
 
 
 def _main(argv: list[str]) -> None:

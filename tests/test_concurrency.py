@@ -20,7 +20,6 @@ import os
 import random
 import time
 
-import pytest
 
 from tests.conftest import fuse_mounts_under
 

@@ -330,7 +330,7 @@ def test_cost_of_the_change_check(tmp_path, capsys):
                 subprocess.run(["fusermount", "-u", str(mnt)], check=True)
                 proc.wait(30)
     on, off = max(rates["on"]), max(rates["off"])
-    per_request_us = lambda rate: (128 << 10) / (rate * 2**20) * 1e6   # noqa: E731
+    per_request_us = lambda rate: (128 << 10) / (rate * 2**20) * 1e6   # noqa: E731 (a one-line formula)
     with capsys.disabled():
         print(f"\n[change check] 256 MiB raw, sequential, best of 4: with fstat {on:.0f} MiB/s "
               f"({per_request_us(on):.1f} us per 128 KiB request), without {off:.0f} MiB/s "

@@ -22,7 +22,7 @@ from safetensors.numpy import save_file
 
 import tensorfs
 from tests.models import write_gguf, write_safetensors
-from tests.test_shards import INDEX, write_hf_shards, write_split_gguf
+from tests.test_shards import write_hf_shards, write_split_gguf
 
 
 def _model_dir(tmp_path: Path, form: str) -> tuple[Path, list[Path]]:

@@ -18,7 +18,6 @@ The parser test modules already mutate bytes at random; this module adds what th
 from __future__ import annotations
 
 import os
-import random
 import struct
 import subprocess
 import sys

@@ -24,13 +24,13 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import gguf_corpus as corpus  # noqa: E402
+import gguf_corpus as corpus
 
-from tensorfs.dtypes import GGML_TYPES  # noqa: E402
-from tensorfs.errors import GGUFError  # noqa: E402
-from tensorfs.formats import NeedMoreBytes  # noqa: E402
-from tensorfs.formats.gguf import KINDS, MAX_ARRAY_DEPTH, looks_like_gguf, parse_gguf  # noqa: E402
-from tensorfs.model import ModelFile  # noqa: E402
+from tensorfs.dtypes import GGML_TYPES
+from tensorfs.errors import GGUFError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats.gguf import KINDS, MAX_ARRAY_DEPTH, looks_like_gguf, parse_gguf
+from tensorfs.model import ModelFile
 
 ENDIANS = {"little": GGUFEndian.LITTLE, "big": GGUFEndian.BIG}
 TYPE_NAMES = {VT.UINT8: "uint8", VT.INT8: "int8", VT.UINT16: "uint16", VT.INT16: "int16",

@@ -34,7 +34,6 @@ ROWS = 3
 
 def _blocks(name: str, blocks_per_row: int) -> np.ndarray:
     rng = np.random.default_rng(sum(map(ord, name)))
-    gt = GGML_TYPES_BY_NAME[name]
     if name == "BF16":
         values = rng.standard_normal(ROWS * blocks_per_row).astype(ml_dtypes.bfloat16)
         return values.view(np.uint8).reshape(ROWS, -1)
@@ -187,7 +186,8 @@ def test_safetensors_bf16_and_fp8_views_equal_ml_dtypes_upcasts(tmp_path, mount)
         assert np.array_equal(_bits(loaded), _bits(want)), name
     e8m0 = bytes(range(256))
     model2 = tmp_path / "e8m0.safetensors"
-    model2.write_bytes(safetensors_corpus.build([("s", safetensors_corpus.tensor("F8_E8M0", [256], 0, 256))], data=e8m0))
+    model2.write_bytes(safetensors_corpus.build(
+        [("s", safetensors_corpus.tensor("F8_E8M0", [256], 0, 256))], data=e8m0))
     mnt2 = mount(model2)
     loaded = np.load(mnt2 / "s.npy")
     want = np.array([2.0 ** (e - 127) for e in range(255)] + [np.nan], dtype=np.float32)

@@ -102,7 +102,7 @@ class CloudTransport(Transport):
                                                                 extra=self._client_extra))
             except FetchError:
                 raise
-            except Exception as error:      # noqa: BLE001 - obstore's configuration errors
+            except Exception as error:      # any exception: obstore's configuration errors
                 raise ModelError("remote_options", "cannot use this URL: "
                                  f"{without_urls(str(error).split(chr(10), 1)[0])}",
                                  file=display_url(self.url)) from None

@@ -77,7 +77,7 @@ class HttpTransport(Transport):
                                                   headers=self._headers, extra=self._extra))
             except FetchError:
                 raise
-            except Exception as error:      # noqa: BLE001 - obstore's configuration errors
+            except Exception as error:      # any exception: obstore's configuration errors
                 raise ModelError("remote_options", f"cannot use this URL: {_first_line(error)}",
                                  file=display_url(self.url)) from None
             self._stores[url] = store

@@ -219,7 +219,7 @@ class HubTransport(HttpTransport):
                 entries = []
             except ModelError:
                 raise
-            except Exception as error:      # noqa: BLE001 - no network, a broken answer
+            except Exception as error:      # any exception: no network, a broken answer
                 raise ModelError("remote_error", f"listing failed: {type(error).__name__}",
                                  file=shown) from None
             if len(entries) > MAX_LISTING_ENTRIES:

@@ -203,12 +203,12 @@ def helper_main() -> None:
     def answer(request_id, name, args, kwargs):
         try:
             value = (request_id, True, globals()[HELPER_CALLS[name]](*args, **kwargs))
-        except BaseException as error:      # noqa: BLE001 - handed back to the caller
+        except BaseException as error:      # any exception: handed back to the caller
             value = (request_id, False, error)
         with lock:
             try:
                 write_message(stdout, value)
-            except Exception:               # noqa: BLE001 - an answer that does not pickle
+            except Exception:               # any exception: an answer that does not pickle
                 write_message(stdout, (request_id, False,
                                        FetchError("http", without_urls(str(value[2])))))
 
@@ -308,7 +308,7 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
         return exact(body, got_start, got_end), result.meta
     except FetchError:
         raise
-    except Exception as error:          # noqa: BLE001 - classified, or raised as it is
+    except Exception as error:          # any exception: classified, or raised as it is
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
 
 
@@ -317,7 +317,7 @@ def _head(spec, path, hint_401, where) -> dict:
 
     try:
         return obs.head(_store(spec), path)
-    except Exception as error:          # noqa: BLE001
+    except Exception as error:          # any exception: classified, as above
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
 
 
@@ -326,7 +326,7 @@ def _listing(spec, prefix, where) -> dict:
 
     try:
         return obs.list_with_delimiter(_store(spec), prefix or None)
-    except Exception as error:          # noqa: BLE001
+    except Exception as error:          # any exception: classified, as above
         raise classify(error, "", where, _timeout_text(spec)) from None
 
 

@@ -124,18 +124,18 @@ def walk(mnt: Path) -> dict[str, Path]:
 def assert_same_tree(remote: Path, local: Path) -> None:
     """Every file of the remote mount holds what the local mount's does (metadata.json: the
     same document but for the remote keys)."""
-    r, l = walk(remote), walk(local)
-    assert sorted(r) == sorted(l)
+    r, loc = walk(remote), walk(local)
+    assert sorted(r) == sorted(loc)
     for rel in sorted(r):
         if rel == "metadata.json":
             rdoc, ldoc = without_remote_keys(doc_of(remote)), without_remote_keys(doc_of(local))
             assert {k: v for k, v in rdoc.items() if ldoc.get(k) != v} == {}
             assert rdoc == ldoc
             continue
-        assert r[rel].read_bytes() == l[rel].read_bytes(), rel
+        assert r[rel].read_bytes() == loc[rel].read_bytes(), rel
     # and once with a Unix tool, on the largest file
     big = max((rel for rel in r if rel != "metadata.json"), key=lambda rel: r[rel].stat().st_size)
-    assert subprocess.run(["cmp", str(r[big]), str(l[big])]).returncode == 0
+    assert subprocess.run(["cmp", str(r[big]), str(loc[big])]).returncode == 0
 
 
 def fetched(log: list[dict], path_part: str) -> int:

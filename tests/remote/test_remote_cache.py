@@ -157,7 +157,7 @@ def test_a_users_files_in_the_disk_cache_dir_are_never_touched(nginx, corpus, rm
 
 
 @needs_users
-def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, nginx, remote_env,  # noqa: F811
+def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, nginx, remote_env,
                                                                      tmp_path):
     """A shared sticky directory (/tmp): another user plants DIR as a symlink to the victim's
     documents before the victim's mount.  Refused in one line; the victim's files as they

@@ -6,7 +6,6 @@ and a many-shard index costs memory by the shard's header, not by the bytes fetc
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import numpy as np
