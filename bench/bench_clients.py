@@ -1,6 +1,6 @@
 """Real clients on remote whole files (issue 24, SPEC §11): each figure a ratio against a
 reference measured in the same run, against a real nginx on 127.0.0.1 started here
-(tests/servers.py).
+(tests/support/servers.py).
 
     python bench/bench_clients.py [--mib 256] [--tensors 64] [--repeat 3] [--no-report]
 
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from tests.servers import Nginx  # noqa: E402 (after the sys.path line above)
+from tests.support.servers import Nginx  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
 BEGIN = "<!-- clients:begin (bench/bench_clients.py rewrites this part) -->"

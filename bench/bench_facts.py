@@ -98,7 +98,7 @@ def write_q4k_pair(directory: Path, mib: int) -> tuple[Path, Path]:
     dequantizes to), by gguf-py's writer."""
     import gguf
 
-    from quant_blocks import oracle, random_blocks
+    from tests.support.quant_blocks import oracle, random_blocks
 
     rng = np.random.default_rng(1)
     q = gguf.GGUFWriter(str(directory / "q4_k.gguf"), "llama")
@@ -162,7 +162,7 @@ def main() -> int:
             rows.append(("T3", "diff of that Q4_K against its F16",
                          "gguf-py dequantize + numpy", ref, ours, 2.0, load()))
     if "t5" in wanted:
-        from tests.servers import Nginx
+        from tests.support.servers import Nginx
 
         server = Nginx(work / "nginx", workers=2).start()
         try:

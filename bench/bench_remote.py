@@ -1,5 +1,5 @@
 """Remote models (issue 15): each figure a ratio against a reference measured in the same run,
-against a real nginx on 127.0.0.1 started here (tests/servers.py).
+against a real nginx on 127.0.0.1 started here (tests/support/servers.py).
 
     python bench/bench_remote.py [--big-mib 256] [--repeat 3] [--rtt-ms 20] [--no-report]
 
@@ -42,7 +42,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from tests.servers import Nginx, parse_range  # noqa: E402 (after the sys.path line above)
+from tests.support.servers import Nginx, parse_range  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
 BEGIN, END = "<!-- remote:begin (bench/bench_remote.py rewrites this part) -->", "<!-- remote:end -->"
@@ -122,9 +122,9 @@ def big_model(b: RemoteBench) -> tuple[Path, int, int]:
 
 @contextmanager
 def proxy(upstream: int, rtt: float, window: int):
-    """The delaying proxy of tests/servers.py in a process of its own (not sharing the GIL
+    """The delaying proxy of tests/support/servers.py in a process of its own (not sharing the GIL
     with the reader)."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "servers.py"), "proxy",
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "servers.py"), "proxy",
                              str(upstream), str(rtt), str(window)], stdout=subprocess.PIPE, text=True)
     try:
         yield proc.stdout.readline().strip()
@@ -175,7 +175,7 @@ def r1_r2(b: RemoteBench, server: Nginx) -> None:
 
 def s3_row(b: RemoteBench, server: Nginx) -> None:
     """R1 through s3:// (moto's server, from build/moto-venv) vs curl of the same object."""
-    from tests.servers import MotoServer
+    from tests.support.servers import MotoServer
 
     path, offset, size = big_model(b)
     moto = MotoServer(b.work / "moto").start()
@@ -203,7 +203,7 @@ def s3_row(b: RemoteBench, server: Nginx) -> None:
 
 def hf_row(b: RemoteBench, server: Nginx) -> None:
     """R1 through hf:// (nginx in the Hub's layout) vs curl of the commit's resolve URL."""
-    from tests.servers import HubRepo
+    from tests.support.servers import HubRepo
 
     path, offset, size = big_model(b)
     repo = HubRepo("bench/big")

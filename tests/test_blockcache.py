@@ -1,5 +1,5 @@
 """The block cache of remote files (tensorfs.blockcache, docs/remote.md), against a real nginx
-on 127.0.0.1 (tests/servers.py): the requests it makes are read from nginx's access log, the
+on 127.0.0.1 (tests/support/servers.py): the requests it makes are read from nginx's access log, the
 bytes it returns compared with the file's.  One request per block however many readers want
 it, adjacent missing blocks in one request, a small tensor whole, read-ahead that stays in
 the tensor, and the disk cache: bounded, private, reused by a later mount of the same
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.servers import Nginx, parse_range
+from tests.support.servers import Nginx, parse_range
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("obstore") is None,
                                 reason="the remote extra is not installed")
@@ -239,7 +239,7 @@ def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
 
     from tensorfs.loader import load_model
     from tensorfs.remote import RemoteSettings
-    from tests.models import finish_gguf
+    from tests.support.models import finish_gguf
 
     nginx, _ = server
     path = tmp_path / "vocab.gguf"

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import RUNTIME_DIR, TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
-from reliability_models import slow_filesystem
+from tests.support.reliability_models import slow_filesystem
 from tests.support import alive, direct_read, wait_for
 from tests.support.users import IS_ROOT, User, needs_users
 

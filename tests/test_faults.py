@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
-from tests.models import write_safetensors
+from tests.support.reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
+from tests.support.models import write_safetensors
 from tests.support import (EIO, alive, daemon_pid, direct_read, fuse_mounts_under, read_errno,
                            run_tensorfs, wait_for, waiting_on_fuse)
 
@@ -261,6 +261,7 @@ def slow_dir(tmp_path_factory):
         yield dirs
 
 
+@pytest.mark.slow
 def test_source_on_a_slow_filesystem(tmp_path, slow_dir, mount):   # mount goes first
     src, slow = slow_dir
     exp = write_mixed_gguf(src / "model.gguf")

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests.conftest import run_tensorfs
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
 
 def _many_tensors(path, n: int) -> dict:

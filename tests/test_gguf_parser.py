@@ -1,7 +1,7 @@
 """The GGUF parser against the reference implementation (no FUSE).
 
 Oracles: files written by gguf-py's ``GGUFWriter`` (little- and big-endian) and read back by
-``gguf.GGUFReader``; v1 files and malformed files come from ``tests/gguf_corpus.py``, whose
+``gguf.GGUFReader``; v1 files and malformed files come from ``tests/support/gguf_corpus.py``, whose
 writer lays bytes out exactly as told.
 """
 
@@ -11,7 +11,6 @@ import itertools
 import math
 import os
 import struct
-import sys
 import time
 
 import gguf
@@ -22,9 +21,7 @@ from gguf import GGUFEndian, GGUFValueType as VT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import gguf_corpus as corpus
+from tests.support import gguf_corpus as corpus
 
 from tensorfs.dtypes import GGML_TYPES
 from tensorfs.errors import GGUFError

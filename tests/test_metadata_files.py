@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests.conftest import fuse_mounts_under, run_tensorfs
-from tests.models import GGUF_ARRAYS, GGUF_KV
+from tests.support.models import GGUF_ARRAYS, GGUF_KV
 
 GV = gguf.GGUFValueType
 TOKENS = ["<s>", "hello", "a\nb", "back\\slash", "tab\there", "\r\n", "nul\x00", "\x7f", "",

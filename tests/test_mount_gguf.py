@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import gguf
 
-from tests.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
+from tests.support.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
 
 TYPE_NAMES = {t: t.name.lower() for t in gguf.GGUFValueType}
 

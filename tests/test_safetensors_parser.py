@@ -10,7 +10,6 @@ import json
 import mmap
 import os
 import struct
-import sys
 import tempfile
 
 import numpy as np
@@ -20,9 +19,7 @@ import safetensors.numpy as st_numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor
+from tests.support.safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor
 
 from tensorfs.dtypes import SAFETENSORS_DTYPES
 from tensorfs.errors import SafetensorsError

@@ -12,7 +12,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tests.conftest import run_tensorfs
-from tests.test_shards import INDEX, write_hf_shards
+from tests.support.shards import INDEX, write_hf_shards
 
 
 def _one_line(result) -> str:

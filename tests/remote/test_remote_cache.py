@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from reliability_models import wait_for
+from tests.support.reliability_models import wait_for
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.remote.remote_checks import (
+from tests.support.remote_checks import (
     MiB, assert_matches_reference, doc_of, header_size)
-from tests.servers import HubRepo, parse_range
+from tests.support.servers import HubRepo, parse_range
 from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"             # the cache's own directory in DIR
