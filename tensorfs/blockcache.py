@@ -126,7 +126,7 @@ def reuse_freed_blocks() -> None:
     if _allocator_tuned:
         return
     _allocator_tuned = True
-    import ctypes
+    import ctypes           # the serving process only (glibc's mallopt)
 
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -25,6 +25,10 @@ from tensorfs.errors import ModelError, one_line_bounded, printable
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
 
+# The imports inside the functions below are there for start-up time: `tensorfs --help`,
+# `list` and `unmount` answer without numpy, the parsers, the transports or libfuse, and each
+# command imports what it uses when it runs.
+
 log = logging.getLogger("tensorfs")
 
 DEFAULT_CACHE_SIZE = "256M"
@@ -57,7 +61,7 @@ def argument_secrets(argv: list[str]) -> list[str]:
     ``--storage-option=KEY=VALUE``, a mistyped flag): every URL's credentials
     (``location.url_secrets``) and every VALUE of an argument holding ``=``, unless it is a
     number, true, false or null (``--storage-option anon=true`` hides nothing)."""
-    from tensorfs.location import is_url, url_secrets     # at first use: start-up time
+    from tensorfs.location import is_url, url_secrets
     from tensorfs.urls import is_scalar
 
     found = []
@@ -218,7 +222,7 @@ def _hide_secrets(args) -> None:
     --storage-option's text to ``parse_storage_option``, abbreviated or not): the URL's
     credentials (``location.url_secrets``) and every storage option's VALUE but a number,
     true, false or null.  Done once the arguments are parsed, before any request."""
-    from tensorfs.runtime import hide_from_cmdline      # at first use: start-up time
+    from tensorfs.runtime import hide_from_cmdline
     from tensorfs.urls import command_line_secrets
 
     options = getattr(args, "storage_options", None) or []      # not every command has it
@@ -245,7 +249,7 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
 def _remote_settings(args, cache):
     """How a URL's files are read (tensorfs.remote); nothing for a local file.  ``cache``:
     the mount's LRU, which holds the fetched blocks too (one --cache-size)."""
-    from tensorfs.urls import option_problem, remote_settings   # at first use: start-up time
+    from tensorfs.urls import option_problem, remote_settings
 
     disk_cache = getattr(args, "disk_cache", None)      # mount only
     problem = option_problem([args.model], storage_options=args.storage_options,

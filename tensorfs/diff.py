@@ -32,6 +32,7 @@ from tensorfs.errors import printable
 from tensorfs.facts import (PIECE_ELEMENTS, Piece, Progress, Scratch, fmt,
                             json_number, lcm, open_model, run_ordered,
                             source_of, stored_order, tasks_of, values_of)
+from tensorfs.factsplot import plot_diff
 from tensorfs.urls import shown_name
 from tensorfs.workers import usable_cpus
 
@@ -284,7 +285,5 @@ def run(args, out=None) -> int:
                   ", ".join(f"{n} {s}" for s, n in counts.items()) + "\n")
     out.flush()
     if args.plot:
-        from tensorfs.factsplot import plot_diff
-
         plot_diff(results, shown_name(args.a), shown_name(args.b), args.plot)
     return 0 if set(counts) <= {"identical"} else 1

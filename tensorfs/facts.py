@@ -20,6 +20,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from tensorfs import api
+from tensorfs.location import is_url
 from tensorfs.model import TensorInfo
 from tensorfs.plan import ViewPlan, plan_view
 
@@ -41,9 +43,6 @@ class FactsError(Exception):
 def open_model(model: str, storage_options: dict | None = None, timeout: float | None = None):
     """``tensorfs.api.open`` of what the user named: any MODEL form, with the remote options
     for a URL only."""
-    from tensorfs import api
-    from tensorfs.location import is_url
-
     if is_url(model):
         return api.open(model, storage_options=storage_options, timeout=timeout)
     return api.open(model)
@@ -189,7 +188,7 @@ class Progress:
         self.bar = None
         if total > 0 and _is_terminal(sys.stderr):
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm       # optional: a terminal only
             except ImportError:         # a plain install has it; a bare one just shows nothing
                 return
             self.bar = tqdm(total=total, desc=what, unit="B", unit_scale=True,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from tensorfs.errors import ModelError
+
 COMMANDS = ("hash", "stats", "diff")
 
 
@@ -80,8 +82,7 @@ def main(args, say_error, debug: bool) -> int:
     # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts imports it.
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
-    from tensorfs.errors import ModelError
-    from tensorfs.facts import FactsError
+    from tensorfs.facts import FactsError       # numpy: after the variables above
 
     problem = usage_problem(args)
     if problem is not None:
@@ -102,6 +103,8 @@ def main(args, say_error, debug: bool) -> int:
 
 
 def _run(args) -> int:
+    # each command's module at its run: numpy after the variables main sets, and the
+    # parser built without any of them (start-up time)
     if args.command == "hash":
         from tensorfs import hashing
 

@@ -22,11 +22,11 @@ _LAYER = re.compile(r"^(.*?)\b(?:blk|layers|h|layer|block|blocks)\.(\d+)\.(.+)$"
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib       # the plot extra, for --plot only
     except ImportError:
         raise FactsError("--plot needs matplotlib: pip install 'tensorfs-fuse[plot]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt     # after the backend is chosen
 
     return plt
 

@@ -32,6 +32,7 @@ import threading
 from typing import NamedTuple
 
 from tensorfs.mountoptions import MountOptions
+from tensorfs.runtime import mount_device
 
 log = logging.getLogger("tensorfs")
 
@@ -505,7 +506,6 @@ class Session:
         sysfs (root only), once INIT is done: hence here, on a first request.  Benchmark
         rows 1 and 4 (docs/serving.md)."""
         self._tune_pending = False
-        from tensorfs.runtime import mount_device
         device = mount_device(self._mountpoint)
         path = f"/sys/class/bdi/{device}/read_ahead_kb"
         try:

@@ -31,7 +31,9 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tensorfs.facts import HASH_PIECE_BYTES, FactsError, Progress, source_of, stored_order
+from tensorfs.facts import (HASH_PIECE_BYTES, FactsError, Progress, open_model, source_of,
+                            stored_order)
+from tensorfs.urls import shown_name
 from tensorfs.workers import usable_cpus
 
 # uuid.uuid5(uuid.NAMESPACE_URL, 'en.wikipedia.org/wiki/Llama.cpp'), as gguf-hash.cpp has it
@@ -46,7 +48,7 @@ class _XXH64:
 
     def __init__(self):
         try:
-            import xxhash
+            import xxhash       # optional: xxh64 only
         except ImportError:
             raise FactsError("xxh64 needs the xxhash package (pip install xxhash)") from None
         self._h = xxhash.xxh64(seed=0)
@@ -348,9 +350,6 @@ def chosen_algorithms(args, manifest: Manifest | None) -> tuple[str, ...]:
 
 def run(args, out=None) -> int:
     """The ``hash`` command; its exit status."""
-    from tensorfs.facts import open_model
-    from tensorfs.urls import shown_name
-
     out = out or sys.stdout
     manifest = read_manifest(args.check) if args.check else None
     algorithms = chosen_algorithms(args, manifest)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
+from tensorfs.source import ModelSource
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -163,6 +164,7 @@ class Location:
         """``path`` parsed from its source; a source that kept the bytes it read for the
         parse (a remote file's first answer) lets them go at once: what a shard costs
         until the mount ends is its parsed header, not its bytes."""
+        # at the first parse: every command checks is_url here, few need the parsers
         from tensorfs.modelfile import parse_source
 
         source = self.open(path)
@@ -228,8 +230,6 @@ class LocalLocation(Location):
         return [n for n in names if os.path.isfile(os.path.join(directory, n))]
 
     def _open(self, path: str):
-        from tensorfs.source import ModelSource
-
         return ModelSource(path)
 
     def join(self, directory: str, name: str) -> str:

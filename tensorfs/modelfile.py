@@ -7,8 +7,9 @@ for more.  Below ``tensorfs.location`` and ``tensorfs.shards``, which call it fo
 from __future__ import annotations
 
 from tensorfs.errors import ModelError
-from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats import NeedMoreBytes, gguf, safetensors
 from tensorfs.model import ModelFile
+from tensorfs.source import ModelSource, SourceError
 
 # Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
 # is re-read at least as far as the parser asks and four times longer than before: a few
@@ -26,9 +27,6 @@ def parse_source(source) -> ModelFile:
     """Parse and validate the model file ``source`` holds (any source: ``tensorfs.source``);
     ``ModelError`` (with ``file`` set) if refused.  The caller keeps the source open: it is
     the one that serves what was parsed."""
-    from tensorfs.formats import gguf, safetensors
-    from tensorfs.source import SourceError
-
     path = source.name
     try:
         file_size = source.size
@@ -94,8 +92,6 @@ def _unknown_format(prefix: bytes, file_size: int, path: str) -> ModelError:
 
 def parse_model_file(path: str) -> ModelFile:
     """Parse and validate one local model file; ``ModelError`` (with ``file`` set) if refused."""
-    from tensorfs.source import ModelSource
-
     source = ModelSource(path)
     try:
         return parse_source(source)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from tensorfs.errors import printable
+
 DAY_S = 86400.0         # the model is immutable: attributes, names and misses keep a day
 
 _FLAGS = {
@@ -166,6 +168,4 @@ def _number(key: str, text: str | None, shown: str):
 
 
 def escape_option(text: str) -> str:
-    from tensorfs.errors import printable
-
     return printable(text)

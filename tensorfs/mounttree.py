@@ -18,6 +18,7 @@ from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
 from tensorfs.plan import Plans, ViewPlan
+from tensorfs.runtime import mount_device
 from tensorfs.source import ModelSource
 from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
                             worker_pool)
@@ -94,8 +95,6 @@ def _abort_when_detached(mountpoint: str, aborts) -> None:
     nothing until the request times out.  Once the mount point is gone from the mount table,
     every remote request still waiting is ended (EIO): the reader lets go, the kernel ends
     the session, the daemon exits."""
-    from tensorfs.runtime import mount_device
-
     seen = False
     started = time.monotonic()
     while True:
@@ -155,6 +154,7 @@ class TensorXattrs(Mapping):
         if self.sha256 is None:
             with self._LOCKS[hash(self.tensor.name) % len(self._LOCKS)]:
                 if self.sha256 is None:
+                    # at the first hash asked for: the facts layer costs a mount nothing before
                     from tensorfs.hashing import sha256_of
 
                     self.sha256 = sha256_of(self.raw).encode()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tensorfs import blockcache
 from tensorfs import status as mount_status
 from tensorfs.blockcache import BlockReader, Fetcher
+from tensorfs.cache import ByteLRU
 from tensorfs.diskcache import DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location, display_url
@@ -60,8 +61,6 @@ class RemoteLocation(Location):
         self.fetcher = Fetcher()            # the mount's requests in flight
         self._missing: dict[str, ModelError] = {}
         if settings.cache is None:
-            from tensorfs.cache import ByteLRU
-
             settings.cache = ByteLRU(settings.cache_bytes)
         self.disk = None
         if settings.disk_cache:

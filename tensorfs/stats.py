@@ -23,6 +23,7 @@ from tensorfs.errors import printable
 from tensorfs.facts import (FactsError, Progress, Scratch, cut, fmt, json_number,
                             open_model, run_ordered, source_of,
                             stored_order, tasks_of, values_of)
+from tensorfs.factsplot import plot_stats
 from tensorfs.urls import shown_name
 from tensorfs.workers import usable_cpus
 
@@ -213,8 +214,6 @@ def run(args, out=None) -> int:
         out.write("\t".join(COLUMNS) + "\n")
         out.write("".join("\t".join(row(s)) + "\n" for s in results))
     if args.plot:
-        from tensorfs.factsplot import plot_stats
-
         plot_stats(results, shown_name(args.model), args.plot)
     out.flush()
     return 0

@@ -29,6 +29,7 @@ import logging
 import threading
 
 from tensorfs.errors import ModelError
+from tensorfs.location import DIRECTORY, LocalLocation
 from tensorfs.source import Source, SourceError
 from tensorfs.views import RawView
 
@@ -105,8 +106,6 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     model file given directly (a split GGUF's splits are all model files); the index for an
     index; a directory's regular top-level files that are not model files.  Called before
     ``location.attach``: a source the parse read (the index) is taken over, not reopened."""
-    from tensorfs.location import DIRECTORY, LocalLocation
-
     model_paths = {f.path for f in model.files}
     if named in model_paths:
         return ()

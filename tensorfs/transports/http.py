@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import netrc
 import os
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -133,8 +134,6 @@ def _userinfo(parts) -> tuple[str, str] | None:
 def _netrc(host: str | None) -> tuple[str, str] | None:
     """The login ``~/.netrc`` (or ``$NETRC``) holds for ``host``, if any; a netrc that
     cannot be read is passed over (logged), as curl's --netrc-optional does."""
-    import netrc
-
     if not host:
         return None
     path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")

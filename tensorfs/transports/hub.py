@@ -75,7 +75,7 @@ def _bound_answers() -> None:
     """Hooks on huggingface_hub's shared HTTP client (made anew after a fork) that ask for
     bodies as they are and stop reading one past ``MAX_ANSWER_BYTES``, for the calls made by
     ``HubTransport._hub_call`` only."""
-    from huggingface_hub.utils import get_session
+    from huggingface_hub.utils import get_session      # the remote extra: hf:// only
 
     client = get_session()
     if getattr(client, "_tensorfs_bounded", False):
@@ -97,7 +97,7 @@ class HubTransport(HttpTransport):
 
     def _connect(self) -> None:
         try:
-            import huggingface_hub
+            import huggingface_hub      # the remote extra: hf:// only
         except ImportError:
             raise missing_extra("huggingface_hub", self.url) from None
         obstore(self.url)
@@ -154,6 +154,7 @@ class HubTransport(HttpTransport):
 
     def _resolve(self) -> str:
         """The revision's commit, at mount: every read names it."""
+        # the remote extra: hf:// only
         from huggingface_hub.utils import (GatedRepoError, HfHubHTTPError,
                                            RepositoryNotFoundError, RevisionNotFoundError)
 
@@ -201,7 +202,7 @@ class HubTransport(HttpTransport):
 
     def _listing(self, directory: str) -> tuple[set, set]:
         if directory not in self._listings:
-            from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
+            from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError  # the extra
 
             shown = f"{self.root}/{directory}".rstrip("/")
             files, dirs = set(), set()
