@@ -84,9 +84,7 @@ class Companion:
 
     @staticmethod
     def _ready(source) -> None:
-        end_parse = getattr(source, "end_parse", None)      # a remote file: read-ahead may
-        if end_parse is not None:                            # run over the whole of it
-            end_parse([(0, source.size)])
+        source.end_parse([(0, source.size)])     # a remote file: read-ahead may run over all of it
 
     def start(self) -> None:
         """Called where the mount serves (tensorfs.mounttree.MountedModel.start)."""
