@@ -1,7 +1,7 @@
 """Any other protocol fsspec knows and has installed (``file://``, ``sftp://``, ``webdav://``
 ...): its ``info``, ``ls`` and ranged ``cat_file``.  fsspec's ``isdir``/``open`` are never
 called (fsspec#1707: on some filesystems they download the whole file).  Every call is
-waited for at most ``--timeout`` (``tensorfs.transports.bounded``); what the filesystem
+waited for at most ``--timeout`` (``tensorfs.transports.base.bounded``); what the filesystem
 raises is classified by the builtin kind it is (fsspec raises ``FileNotFoundError``,
 ``PermissionError`` ...); an answer longer than the range asked for is refused, as on every
 transport (how much such a filesystem receives before it returns is its own affair)."""

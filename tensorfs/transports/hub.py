@@ -4,7 +4,7 @@ commit's resolve URLs (``ENDPOINT/ORG/REPO/resolve/COMMIT/PATH``) over HTTP(S) l
 (``tensorfs.transports.http``), with the token huggingface_hub finds sent as
 ``Authorization: Bearer`` (which reqwest drops on the redirect to the Hub's CDN, another
 origin).  Every huggingface_hub call is waited for at most ``--timeout``
-(``tensorfs.transports.bounded``), and its answers are bounded too (``_bound_answers``: at
+(``tensorfs.transports.base.bounded``), and its answers are bounded too (``_bound_answers``: at
 most ``MAX_ANSWER_BYTES`` a page, as they are, at most ``MAX_LISTING_ENTRIES`` a listing); each
 failure is one line: a gated repo, a missing repo or revision, an answer that is not the
 Hub's JSON, or more of it than any repository's.
