@@ -42,15 +42,9 @@ class MountedModel:
         run in the serving process (worker processes) starts here, not at build time.
         ``mountpoint`` (resolved): watched while remote sources serve it (below)."""
         for source in self.sources.values():
-            source.start()      # a remote source's transport: its event loop thread is
-                                # not copied by fork
-            blocks = source.blocks
-            if blocks is not None and self.whole_files:
-                # A block served through a tensor's file is in that file's page cache, not
-                # in the whole file's (nor the reverse): it stays in the memory cache (LRU,
-                # --cache-size) instead of being let go once served, so that it is not
-                # fetched again for the other file (SPEC §11).
-                blocks.page_cached = False
+            # a remote source's transport: its event loop thread is not copied by fork;
+            # with files/, a model file's bytes are served twice (its tensors', its own)
+            source.start(served_once=not self.whole_files)
         for companion in self.model.companions:
             companion.start()
         aborts = [s.abort for s in self.sources.values() if s.remote]

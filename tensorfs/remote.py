@@ -180,11 +180,15 @@ class RemoteSource(Source):
         return types.SimpleNamespace(st_uid=os.getuid(), st_gid=os.getgid(), st_mtime=self.mtime,
                                      st_mtime_ns=int(self.mtime * 1e9), st_size=self.size)
 
-    def start(self) -> None:
-        """In the serving process (the daemon, after the fork)."""
+    def start(self, served_once: bool = True) -> None:
+        """In the serving process (the daemon, after the fork): reads go through FUSE.  A
+        block served in full leaves the memory cache (the page cache keeps it) only where
+        no other file of the mount serves it again: a block served through a tensor's file
+        is in that file's page cache, not in the whole file's of files/ (nor the reverse),
+        and stays in the memory cache so that it is not fetched again for the other."""
         self.transport.serve()
         blockcache.reuse_freed_blocks()
-        self.blocks.page_cached = True      # start() is the mount's: reads go through FUSE
+        self.blocks.page_cached = served_once
         if self.version is None:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
                         "under the mount cannot be told; not kept in the disk cache", self.path)

@@ -144,9 +144,11 @@ class Source(ABC):
         if self.broken:
             raise SourceError(errno.EIO, f"{self.name}: {self.broken}")
 
-    def start(self) -> None:
+    def start(self, served_once: bool = True) -> None:
         """Called in the daemon after the fork (a remote source reopens its transport
-        there: an event loop thread does not survive a fork)."""
+        there: an event loop thread does not survive a fork).  ``served_once``: each byte
+        is served through one file of the mount only, so the kernel's page cache keeps
+        what was served; False where files/ serves the tensors' bytes again."""
 
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over; ``extents`` are the tensors' ``(offset, nbytes)``.  A source
