@@ -60,8 +60,8 @@ class RemoteLocation(Location):
         self.transport = transport_for(url, settings)
         self.fetcher = Fetcher()            # the mount's requests in flight
         self._missing: dict[str, ModelError] = {}
-        if settings.cache is None:
-            settings.cache = ByteLRU(settings.cache_bytes)
+        # the mount's LRU, or one of this location's own: the settings stay as given
+        self.cache = settings.cache if settings.cache is not None else ByteLRU(settings.cache_bytes)
         self.disk = None
         if settings.disk_cache:
             try:
@@ -100,7 +100,8 @@ class RemoteLocation(Location):
     def _open(self, path: str):
         if path in self._missing:       # asked already (kind): not asked twice
             raise self._missing[path]
-        return RemoteSource(self.transport, path, self.settings, self.disk, self.fetcher)
+        return RemoteSource(self.transport, path, self.settings, self.disk, self.fetcher,
+                            cache=self.cache)
 
     def join(self, directory: str, name: str) -> str:
         return directory.rstrip("/") + "/" + name
@@ -145,7 +146,7 @@ class RemoteSource(Source):
     remote = True
 
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
-                 disk: DiskCache | None, fetcher: Fetcher | None = None):
+                 disk: DiskCache | None, fetcher: Fetcher | None = None, cache=None):
         self.transport = transport
         self.name = self.path = path
         self.timeout = settings.timeout
@@ -172,7 +173,8 @@ class RemoteSource(Source):
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
         identity = transport.identity(path) if disk is not None and self.version else None
         disk_key = disk.key(identity, self.version, block, label=path) if identity else None
-        self.blocks = BlockReader(key, self.size, self._fetch, settings.cache, disk, disk_key,
+        cache = cache if cache is not None else settings.cache
+        self.blocks = BlockReader(key, self.size, self._fetch, cache, disk, disk_key,
                                   block_size=block, fetcher=fetcher)
 
     # -- the source interface ----------------------------------------------------------------
