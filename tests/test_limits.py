@@ -1,4 +1,4 @@
-"""Issue 14, the data and memory half: sizes the kernel cannot represent, generated files
+"""Limits: sizes the kernel cannot represent, generated files
 larger than the cache, names whose shape used to cost memory quadratic in their depth,
 strict JSON and surrogates, directory entries over NAME_MAX, split GGUF keys out of range,
 and an index refused by its size before it is read.  Each test goes through the real CLI or
