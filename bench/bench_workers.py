@@ -118,10 +118,10 @@ print(n, t0, t1)
 # The daemon's part alone: the view read in 1 MiB steps in one process, no FUSE, no kernel.
 _IN_PROCESS = """
 import sys, time, numpy as np
-from tensorfs.cache import ByteLRU
+from tensorfs.budget import MemoryBudget
 from tensorfs.loader import load_model
 from tensorfs.mounttree import build_mount
-m = build_mount(load_model(sys.argv[1]), ByteLRU(256 << 20), workers=0)
+m = build_mount(load_model(sys.argv[1]), MemoryBudget(256 << 20), workers=0)
 view = m.tree.lookup("/" + sys.argv[2]).view
 buf = memoryview(bytearray(1 << 20))
 t0 = time.monotonic()

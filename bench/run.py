@@ -607,8 +607,8 @@ def row_mount_time(b: Bench) -> None:
         parse = []
         for _ in range(a.repeat):
             code = ("import time,sys; from tensorfs.loader import load_model; "
-                    "from tensorfs.mounttree import build_mount; from tensorfs.cache import ByteLRU; "
-                    f"t=time.perf_counter(); m=build_mount(load_model({path!r}), ByteLRU(1<<28)); "
+                    "from tensorfs.mounttree import build_mount; from tensorfs.budget import MemoryBudget; "
+                    f"t=time.perf_counter(); m=build_mount(load_model({path!r}), MemoryBudget(1<<28)); "
                     "print(time.perf_counter()-t)")
             done = subprocess.run([sys.executable, "-c", code], env=b.env, cwd=b.work, capture_output=True,
                                   text=True, check=True)

@@ -465,7 +465,7 @@ def shown_source(source: str) -> str:
 
 def cmd_mount(args) -> int:
     from tensorfs import daemon
-    from tensorfs.cache import ByteLRU
+    from tensorfs.budget import MemoryBudget
     from tensorfs.loader import load_model
     from tensorfs.mounttree import build_mount
 
@@ -477,9 +477,9 @@ def cmd_mount(args) -> int:
         log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
     try:
         with _no_gc_while_building():
-            cache = ByteLRU(args.cache_size)
-            model = load_model(args.model, _remote_settings(args, cache))
-            mounted = build_mount(model, cache, args.layout, args.views,
+            budget = MemoryBudget(args.cache_size)     # --cache-size, split once (budget.py)
+            model = load_model(args.model, _remote_settings(args, budget.cache))
+            mounted = build_mount(model, budget, args.layout, args.views,
                                   workers=args.workers)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)

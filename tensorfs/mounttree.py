@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tensorfs.budget import MemoryBudget
 from tensorfs.cache import ByteLRU
 from tensorfs.errors import ModelError
 from tensorfs.metadata_files import add_metadata_files
@@ -221,7 +222,7 @@ VIEWS = ("raw", "npy", "files")
 TENSOR_VIEWS = ("raw", "npy")
 
 
-def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
+def build_mount(model: Model, budget: MemoryBudget, layout: str = "tree",
                 views: tuple[str, ...] = VIEWS, workers: int | None = 0) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into.
@@ -232,6 +233,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     ``views`` says, so that every tensor is still there once -- unless ``views`` names no
     tensor view at all (``--views files``: the tree of tensors is left out).
 
+    ``budget``: the memory it serves from (tensorfs.budget), made once by the caller.
     ``workers``: conversion worker processes (0: convert in-thread; None: as many as pay,
     ``worker_pool``), started by ``MountedModel.start``."""
     unknown = set(views) - set(VIEWS)
@@ -240,7 +242,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     serve_raw, serve_npy = "raw" in views, "npy" in views
     tensor_views = tuple(v for v in TENSOR_VIEWS if v in views)
     check_sizes(model, npy=serve_npy)
-    pool = worker_pool(workers, cache) if serve_npy else None
+    cache = budget.cache
+    pool = worker_pool(workers, budget) if serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
@@ -278,7 +281,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
             view = NpyView(plan.npy_dtype, tensor.shape, raw)
         elif plan.kind == "converted":
             converted = ConvertedView(source, tensor.offset, tensor.nbytes, plan.conversion,
-                                      cache, ("chunk", tensor.name), tensor.n_elements,
+                                      budget, ("chunk", tensor.name), tensor.n_elements,
                                       pool=pool)
             view = NpyView("<f4", tensor.shape, converted)
         else:

@@ -33,6 +33,7 @@ from typing import Callable, Hashable
 import numpy as np
 from numpy.lib import format as npy_format
 
+from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
 from tensorfs.source import Source
 from tensorfs.workers import START_WORK_BYTES, WorkerPool, paying_size
@@ -345,12 +346,8 @@ class NpyView(View):
 # converts little it does not need.
 CHUNK_OUTPUT_BYTES = 1 << 20
 
-# Chunks converted for sequential readers (and ahead of them) live in a small store of their
-# own, at most this many bytes (and at most a quarter of --cache-size): the kernel's page
-# cache keeps what they served, so holding a whole tensor's chunks would only cost memory
-# and, worse, fresh memory: touching new pages costs more than converting into recycled ones
-# (docs/serving.md).  Random reads use the shared LRU.
-STREAM_BYTES = 16 << 20
+# Chunks converted for sequential readers (and ahead of them) live in a store of their own,
+# the budget's ``stream`` (tensorfs.budget); random reads use the shared LRU.
 # A sequential reader gets this many chunks converted ahead of it, by this many workers
 # (one per core, at most two: more only queue behind the GIL).  Benchmark rows 4 and 6.
 READ_AHEAD_CHUNKS = 2
@@ -409,34 +406,20 @@ class _Chunk:
             pass
 
 
-_streams: "weakref.WeakKeyDictionary[ByteLRU, ByteLRU]" = weakref.WeakKeyDictionary()
-_streams_lock = threading.Lock()
-
-
-def _stream_cache(cache: ByteLRU) -> ByteLRU:
-    """The stream store that goes with a mount's shared cache."""
-    with _streams_lock:
-        store = _streams.get(cache)
-        if store is None:
-            store = _streams[cache] = ByteLRU(max(CHUNK_OUTPUT_BYTES * 4,
-                                                  min(STREAM_BYTES, cache.max_bytes // 4)))
-        return store
-
-
-def worker_pool(workers: int | None, cache: ByteLRU) -> WorkerPool | None:
+def worker_pool(workers: int | None, budget: MemoryBudget) -> WorkerPool | None:
     """The conversion workers of a mount (tensorfs.workers): ``workers`` of them, started by
     the first costly conversion; or, by default (None), as many as pay on this machine now
     (none on 2 CPUs), started only by a conversion of a tensor large enough to pay for their
     start (the mount also starts them ahead, ``MountedModel.start``).  The pool's slots
-    are chunks: as many as the shared cache and the stream store hold."""
+    are chunks: as many as the budget's caches hold."""
     if workers is None:
         size, start_work = paying_size(), START_WORK_BYTES
     else:
         size, start_work = workers, 0
     if size <= 0:
         return None
-    held = cache.max_bytes + _stream_cache(cache).max_bytes
-    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=held, start_work=start_work)
+    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=budget.held_bytes,
+                      start_work=start_work)
 
 
 class ConvertedView(View):
@@ -454,13 +437,13 @@ class ConvertedView(View):
     cheap_size = True
 
     def __init__(self, source: Source, offset: int, nbytes: int, conversion,
-                 cache: ByteLRU, key: Hashable, n_elements: int, pool=None):
+                 budget: MemoryBudget, key: Hashable, n_elements: int, pool=None):
         self.source = source
         self.pool = pool
         self.offset = offset
         self.nbytes = nbytes
         self.conversion = conversion
-        self.cache = cache
+        self.cache = budget.cache
         self.key = key
         self.size = n_elements * 4
         self.block_out = conversion.block_elems * 4
@@ -468,7 +451,7 @@ class ConvertedView(View):
         self.chunk_out = blocks_per_chunk * self.block_out
         self.chunk_in = blocks_per_chunk * conversion.block_bytes
         self._last_end = -1
-        self.stream = _stream_cache(cache) if conversion.costly else None
+        self.stream = budget.stream if conversion.costly else None
 
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:

@@ -39,6 +39,7 @@ MODULE_LAYERS = {
     "tensorfs.runtime": "core",
     "tensorfs.status": "core",
     "tensorfs.cache": "core",
+    "tensorfs.budget": "core",
     "tensorfs.formats": "formats",
     "tensorfs.convert": "convert",
     "tensorfs.plan": "convert",
