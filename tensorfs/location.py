@@ -153,6 +153,15 @@ class Location:
         listing is the server's word, read like a model's)."""
         return [n for n in self.files(directory) if name_problem(n) is None]
 
+    def take(self, path: str, open_it: bool = False):
+        """The source of ``path``, handed over: the caller owns (and closes) it from now on,
+        and ``attach`` and ``close_all`` leave it alone.  None if it is not open here,
+        unless ``open_it``."""
+        source = self.opened.pop(path, None)
+        if source is None and open_it:
+            source = self._open(path)
+        return source
+
     def open(self, path: str):
         """The source of ``path`` (kept until ``attach`` or ``close_all``)."""
         source = self.opened.get(path)

@@ -39,7 +39,7 @@ log = logging.getLogger("tensorfs")
 # descriptor from mount to unmount.  A model repository has a dozen.
 MAX_COMPANIONS = 1000
 
-_opening = threading.Lock()         # Location.opened is one dict for every companion
+_opening = threading.Lock()         # one Location opens every companion
 
 
 def _basename(path: str) -> str:
@@ -119,14 +119,11 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     local = isinstance(location, LocalLocation)
     companions = []
     for name, path in paths:
-        source = location.opened.pop(path, None)
-        if source is None and local:
-            try:
-                source = location.open(path)
-            except ModelError as error:
-                log.info("%s: not served in files/: %s", path, error.message)
-                continue
-            location.opened.pop(path, None)
+        try:
+            source = location.take(path, open_it=local)     # a remote one: at first use
+        except ModelError as error:
+            log.info("%s: not served in files/: %s", path, error.message)
+            continue
         if source is not None:
             companions.append(Companion(name, path, source=source))
         else:
@@ -136,9 +133,7 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
 
 def _remote_opener(location, path: str):
     def open_it():
-        source = location.open(path)
-        location.opened.pop(path, None)       # this companion owns it now
-        return source
+        return location.take(path, open_it=True)      # this companion owns it now
     return open_it
 
 
