@@ -49,7 +49,7 @@ test-system-deps:
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
 	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
-	@# nginx: the remote tests run their own (tests/servers.py); its system service is never started
+	@# nginx: the remote tests run their own (tests/support/servers.py); its system service is never started
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \
 	  echo "installing nginx (for the remote tests; the service is not started) ..."; \
@@ -102,6 +102,7 @@ demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
 
 test: test-venv clients-venv llama-gguf-hash
+	$(BIN)/ruff check tensorfs tests bench tools examples
 	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
 
 # llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from

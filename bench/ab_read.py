@@ -11,11 +11,22 @@ A variant is {"path": dir to import tensorfs from, "opts": [...], "env": {...}} 
 passthrough.  (Converted views keep chunks across reads of one mount: compare them with
 ``bench/run.py --rows converted --tensorfs-path DIR``, which mounts afresh.)
 """
-import os, sys, time, subprocess, statistics, json, tempfile
-HERE = os.path.dirname(os.path.abspath(__file__)); REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE); sys.path.insert(0, REPO)
-import run
-from tensorfs.runtime import pid_file
+import os
+import sys
+import time
+import subprocess
+import statistics
+import json
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+import run  # noqa: E402 (bench/run.py, found through the path set just above)
+
+from tensorfs.runtime import pid_file  # noqa: E402 (this checkout's, through the path above)
+
 CLK = os.sysconf("SC_CLK_TCK")
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
@@ -29,12 +40,16 @@ def main():
     mounts = {}
     procs = []
     for name, v in cfg["variants"].items():
-        mnt = os.path.join(WORK, f"mnt_{name}"); os.makedirs(mnt, exist_ok=True)
+        mnt = os.path.join(WORK, f"mnt_{name}")
+        os.makedirs(mnt, exist_ok=True)
         if v.get("passthrough"):
             off, size = run._tensor_range(model, v["tensor"])
-            p = subprocess.Popen(cwd=WORK, args=[sys.executable, os.path.join(HERE, "passthrough.py"), model, str(off), str(size), mnt])
-            while not run._mounted(mnt): time.sleep(0.01)
-            mounts[name] = (os.path.join(mnt, "data"), p.pid); procs.append(p)
+            p = subprocess.Popen(cwd=WORK, args=[sys.executable, os.path.join(HERE, "passthrough.py"),
+                                                 model, str(off), str(size), mnt])
+            while not run._mounted(mnt):
+                time.sleep(0.01)
+            mounts[name] = (os.path.join(mnt, "data"), p.pid)
+            procs.append(p)
         else:
             env = dict(os.environ, PYTHONPATH=v.get("path", REPO), **v.get("env", {}))
             cmd = [sys.executable, "-m", "tensorfs", "mount", model, mnt] + v.get("opts", [])
@@ -44,12 +59,20 @@ def main():
     try:
         for _ in range(reps):
             for name, (path, pid) in mounts.items():
-                fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
-                c0 = cpu(pid); n, dt = run.read_file(path, cfg.get("bufsize", 1 << 20)); c1 = cpu(pid)
-                res[name]["mbps"].append(n / dt / 1e6); res[name]["cpu"].append((c1 - c0) / (n / 2**30))
+                fd = os.open(path, os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+                c0 = cpu(pid)
+                n, dt = run.read_file(path, cfg.get("bufsize", 1 << 20))
+                c1 = cpu(pid)
+                res[name]["mbps"].append(n / dt / 1e6)
+                res[name]["cpu"].append((c1 - c0) / (n / 2**30))
     finally:
         for name in mounts:
             subprocess.run(["fusermount", "-u", os.path.join(WORK, f"mnt_{name}")])
     for name, r in res.items():
-        print(f"{name:>14}: best {max(r['mbps']):7.0f} MB/s  median {statistics.median(r['mbps']):7.0f} MB/s  daemon cpu {statistics.median(r['cpu']):.3f} s/GiB")
-if __name__ == "__main__": main()
+        print(f"{name:>14}: best {max(r['mbps']):7.0f} MB/s  "
+              f"median {statistics.median(r['mbps']):7.0f} MB/s  "
+              f"daemon cpu {statistics.median(r['cpu']):.3f} s/GiB")
+if __name__ == "__main__":
+    main()

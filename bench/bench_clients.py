@@ -1,6 +1,6 @@
 """Real clients on remote whole files (issue 24, SPEC §11): each figure a ratio against a
 reference measured in the same run, against a real nginx on 127.0.0.1 started here
-(tests/servers.py).
+(tests/support/servers.py).
 
     python bench/bench_clients.py [--mib 256] [--tensors 64] [--repeat 3] [--no-report]
 
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from tests.servers import Nginx  # noqa: E402
+from tests.support.servers import Nginx  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
 BEGIN = "<!-- clients:begin (bench/bench_clients.py rewrites this part) -->"
@@ -168,7 +168,7 @@ def w4(b: Bench, server: Nginx, path: Path) -> None:
             got = sum(read_all(f)[0] for f in sorted((mnt / "layers").rglob("weight")))
             tensor.append((got, time.perf_counter() - t0))
         alone.append(block_cache_alone(url, size))
-    mbps = lambda dt: size / dt / 1e6  # noqa: E731
+    mbps = lambda dt: size / dt / 1e6  # noqa: E731 (a one-line formula)
     tensor_bytes, tensor_s = min(tensor, key=lambda x: x[1])
     b.row("W4", f"whole file ({size / MiB:.0f} MiB) read sequentially from MNT/files/ of an http "
           "mount (fresh each time) vs `curl` of the file to /dev/null", mbps(min(ours)),

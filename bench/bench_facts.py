@@ -98,7 +98,7 @@ def write_q4k_pair(directory: Path, mib: int) -> tuple[Path, Path]:
     dequantizes to), by gguf-py's writer."""
     import gguf
 
-    from quant_blocks import oracle, random_blocks
+    from tests.support.quant_blocks import oracle, random_blocks
 
     rng = np.random.default_rng(1)
     q = gguf.GGUFWriter(str(directory / "q4_k.gguf"), "llama")
@@ -159,10 +159,10 @@ def main() -> int:
             ref = best([sys.executable, "-c", BASELINE_DIFF, str(f16), str(q4k)],
                        args.repeat, env=env)
             ours = best(TENSORFS + ["diff", str(f16), str(q4k)], args.repeat, ok=(1,), env=env)
-            rows.append(("T3", f"diff of that Q4_K against its F16",
+            rows.append(("T3", "diff of that Q4_K against its F16",
                          "gguf-py dequantize + numpy", ref, ours, 2.0, load()))
     if "t5" in wanted:
-        from tests.servers import Nginx
+        from tests.support.servers import Nginx
 
         server = Nginx(work / "nginx", workers=2).start()
         try:
@@ -171,7 +171,7 @@ def main() -> int:
             ours = best(TENSORFS + ["hash", "--sha256", url], args.repeat, env=env)
         finally:
             server.stop()
-        rows.append(("T5", f"hash --sha256 of the T1 model over http (nginx, 127.0.0.1)",
+        rows.append(("T5", "hash --sha256 of the T1 model over http (nginx, 127.0.0.1)",
                      "`curl \\| sha256sum`", ref, ours, 0.8, load()))
     elapsed = time.perf_counter() - t_start
     command = "python bench/bench_facts.py " + " ".join(sys.argv[1:])

@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tensorfs.convert import conversion_for                 # noqa: E402
-from tensorfs.dtypes import GGML_TYPES_BY_NAME               # noqa: E402
-from tensorfs.model import TensorInfo                        # noqa: E402
+from tensorfs.convert import conversion_for
+from tensorfs.dtypes import GGML_TYPES_BY_NAME
+from tensorfs.model import TensorInfo
 
 HOT = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 

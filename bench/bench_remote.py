@@ -1,5 +1,5 @@
 """Remote models (issue 15): each figure a ratio against a reference measured in the same run,
-against a real nginx on 127.0.0.1 started here (tests/servers.py).
+against a real nginx on 127.0.0.1 started here (tests/support/servers.py).
 
     python bench/bench_remote.py [--big-mib 256] [--repeat 3] [--rtt-ms 20] [--no-report]
 
@@ -42,7 +42,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from tests.servers import Nginx, parse_range  # noqa: E402
+from tests.support.servers import Nginx, parse_range  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
 BEGIN, END = "<!-- remote:begin (bench/bench_remote.py rewrites this part) -->", "<!-- remote:end -->"
@@ -122,9 +122,9 @@ def big_model(b: RemoteBench) -> tuple[Path, int, int]:
 
 @contextmanager
 def proxy(upstream: int, rtt: float, window: int):
-    """The delaying proxy of tests/servers.py in a process of its own (not sharing the GIL
+    """The delaying proxy of tests/support/servers.py in a process of its own (not sharing the GIL
     with the reader)."""
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "servers.py"), "proxy",
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "servers.py"), "proxy",
                              str(upstream), str(rtt), str(window)], stdout=subprocess.PIPE, text=True)
     try:
         yield proc.stdout.readline().strip()
@@ -158,7 +158,7 @@ def r1_r2(b: RemoteBench, server: Nginx) -> None:
         with proxy(server.port, rtt, a.window_mib * MiB) if rtt else _direct(server.url) as base:
             url = f"{base}/files/big.safetensors"
             ours, ref, cpu = sequential(b, url, url, offset, size, "big/weight")
-            mbps = lambda dt: size / dt / 1e6  # noqa: E731
+            mbps = lambda dt: size / dt / 1e6  # noqa: E731 (a one-line formula)
             if rtt:
                 what = (f"sequential read of a {a.big_mib} MiB tensor, http mount vs `curl` of the "
                         f"same range, +{a.rtt_ms:g} ms RTT (window {a.window_mib} MiB: one stream "
@@ -175,7 +175,7 @@ def r1_r2(b: RemoteBench, server: Nginx) -> None:
 
 def s3_row(b: RemoteBench, server: Nginx) -> None:
     """R1 through s3:// (moto's server, from build/moto-venv) vs curl of the same object."""
-    from tests.servers import MotoServer
+    from tests.support.servers import MotoServer
 
     path, offset, size = big_model(b)
     moto = MotoServer(b.work / "moto").start()
@@ -194,8 +194,8 @@ def s3_row(b: RemoteBench, server: Nginx) -> None:
                      for i in range(0, span, block))
     finally:
         moto.stop()
-    mbps = lambda dt: size / dt / 1e6  # noqa: E731
-    b.row("R1-s3", f"R1 through s3:// (moto server) vs `curl` of the same range of the object",
+    mbps = lambda dt: size / dt / 1e6  # noqa: E731 (a one-line formula)
+    b.row("R1-s3", "R1 through s3:// (moto server) vs `curl` of the same range of the object",
           mbps(ours), mbps(ref), "MB/s", ">= 0.8",
           f"daemon {cpu / (size / (1 << 30)):.2f} CPU s/GiB; `curl` of 4 MiB ranges one after "
           f"another: {span / blocks / 1e6:,.0f} MB/s")
@@ -203,7 +203,7 @@ def s3_row(b: RemoteBench, server: Nginx) -> None:
 
 def hf_row(b: RemoteBench, server: Nginx) -> None:
     """R1 through hf:// (nginx in the Hub's layout) vs curl of the commit's resolve URL."""
-    from tests.servers import HubRepo
+    from tests.support.servers import HubRepo
 
     path, offset, size = big_model(b)
     repo = HubRepo("bench/big")
@@ -217,7 +217,7 @@ def hf_row(b: RemoteBench, server: Nginx) -> None:
                                     offset, size, "big/weight", env=env)
     finally:
         hub.stop()
-    mbps = lambda dt: size / dt / 1e6  # noqa: E731
+    mbps = lambda dt: size / dt / 1e6  # noqa: E731 (a one-line formula)
     b.row("R1-hf", "R1 through hf:// (nginx in the Hub's layout) vs `curl` of the same range of "
           "the commit's file", mbps(ours), mbps(ref), "MB/s", ">= 0.8",
           f"daemon {cpu / (size / (1 << 30)):.2f} CPU s/GiB")
@@ -264,7 +264,7 @@ def r5(b: RemoteBench, server: Nginx) -> None:
                 got = list(pool.map(lambda t: read_all(mnt / t.name.replace(".", "/"))[0], tensors))
                 ours.append(time.perf_counter() - t0)
             assert got == [size] * 4, got
-    mbps = lambda dt: 4 * size / dt / 1e6  # noqa: E731
+    mbps = lambda dt: 4 * size / dt / 1e6  # noqa: E731 (a one-line formula)
     b.row("R5", "four readers of four 64 MiB tensors of one http mount at once vs four `curl`s "
           "at once", mbps(min(ours)), mbps(min(refs)), "MB/s", ">= 0.8")
 

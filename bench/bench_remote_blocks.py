@@ -1,5 +1,5 @@
 """Block size of the remote block cache, and fsspec's own file caches, against Debian's nginx
-on 127.0.0.1 (tests/servers.py), directly and through a proxy adding 20 ms of round trip.
+on 127.0.0.1 (tests/support/servers.py), directly and through a proxy adding 20 ms of round trip.
 
 For each block size (1, 2, 4, 8 MiB): a sequential read of a 256 MiB tensor in 1 MiB reads
 (what the kernel asks of a FUSE mount with its 1 MiB read-ahead), and 200 random 4 KiB reads
@@ -14,7 +14,6 @@ one stream: the reference.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 MiB = 1 << 20
 
@@ -102,7 +101,7 @@ def main() -> None:
     serve_here()        # this process never forks: obstore runs here, not in a helper
     from safetensors.numpy import save_file
 
-    from tests.servers import Nginx, Proxy
+    from tests.support.servers import Nginx, Proxy
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rtt", type=float, default=0.0, help="seconds of added round trip")

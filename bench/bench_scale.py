@@ -35,7 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tensorfs.runtime import pid_file                         # noqa: E402
+from tensorfs.runtime import pid_file
 
 TENSORFS = [sys.executable, "-m", "tensorfs"]
 SHAPE = (64, 64)
@@ -183,7 +183,8 @@ def main() -> None:
 
     print(f"{args.shards} shards, {SHAPE[0]}x{SHAPE[1]} {DTYPE} tensors (data sparse), "
           f"best of {args.repeat}, {os.cpu_count()} CPUs\n")
-    print("| tensors | files found | mount (s) | find -type f \\| wc -l (s) | same, second run (s) | RssAnon after mount (MiB) | RssAnon after find (MiB) |")
+    print("| tensors | files found | mount (s) | find -type f \\| wc -l (s) | same, second run (s) "
+          "| RssAnon after mount (MiB) | RssAnon after find (MiB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for n, _, r in rows:
         print(f"| {n:,} | {r['files']:,} | {r['mount_s']:.2f} | {r['find_s']:.2f} | {r['find2_s']:.2f} | "

@@ -42,11 +42,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from tensorfs.convert import conversion_for          # noqa: E402
-from tensorfs.loader import load_model               # noqa: E402
-from tensorfs.source import ModelSource              # noqa: E402
-from tensorfs.views import CHUNK_OUTPUT_BYTES        # noqa: E402
-from tensorfs.workers import WorkerPool              # noqa: E402
+from tensorfs.convert import conversion_for          # noqa: E402 (after the sys.path line above)
+from tensorfs.loader import load_model               # noqa: E402 (after the sys.path line above)
+from tensorfs.source import ModelSource              # noqa: E402 (after the sys.path line above)
+from tensorfs.views import CHUNK_OUTPUT_BYTES        # noqa: E402 (after the sys.path line above)
+from tensorfs.workers import WorkerPool              # noqa: E402 (after the sys.path line above)
 
 
 def chunks(tensor, conv):
@@ -118,10 +118,10 @@ print(n, t0, t1)
 # The daemon's part alone: the view read in 1 MiB steps in one process, no FUSE, no kernel.
 _IN_PROCESS = """
 import sys, time, numpy as np
-from tensorfs.cache import ByteLRU
+from tensorfs.budget import MemoryBudget
 from tensorfs.loader import load_model
 from tensorfs.mounttree import build_mount
-m = build_mount(load_model(sys.argv[1]), ByteLRU(256 << 20), workers=0)
+m = build_mount(load_model(sys.argv[1]), MemoryBudget(256 << 20), workers=0)
 view = m.tree.lookup("/" + sys.argv[2]).view
 buf = memoryview(bytearray(1 << 20))
 t0 = time.monotonic()

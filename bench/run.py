@@ -607,8 +607,8 @@ def row_mount_time(b: Bench) -> None:
         parse = []
         for _ in range(a.repeat):
             code = ("import time,sys; from tensorfs.loader import load_model; "
-                    "from tensorfs.mounttree import build_mount; from tensorfs.cache import ByteLRU; "
-                    f"t=time.perf_counter(); m=build_mount(load_model({path!r}), ByteLRU(1<<28)); "
+                    "from tensorfs.mounttree import build_mount; from tensorfs.budget import MemoryBudget; "
+                    f"t=time.perf_counter(); m=build_mount(load_model({path!r}), MemoryBudget(1<<28)); "
                     "print(time.perf_counter()-t)")
             done = subprocess.run([sys.executable, "-c", code], env=b.env, cwd=b.work, capture_output=True,
                                   text=True, check=True)
@@ -938,7 +938,8 @@ def table(r: dict) -> list[tuple]:
             add("5", f"{label}: `tensorfs mount` until ready (whole command) vs {ref}",
                 f"{x['mount_s']:.3f} s", f"{x['reference_s']:.3f} s",
                 _ratio(x["mount_s"], x["reference_s"]), "≤ 0.2" if label == "gguf" else "")
-            add("5b", f"{label}: parse + build the tree in-process (imports excluded) vs {ref}", f"{x['in_process_s']:.3f} s",
+            add("5b", f"{label}: parse + build the tree in-process (imports excluded) vs {ref}",
+                f"{x['in_process_s']:.3f} s",
                 f"{x['reference_s']:.3f} s", _ratio(x["in_process_s"], x["reference_s"]),
                 "≤ 0.2" if label == "gguf" else "")
     for kind in ("raw", "Q4_K", "raw_nothreads", "Q4_K_nothreads"):
@@ -1066,7 +1067,8 @@ def plot(b: Bench, path: str) -> None:
     groups = []                                    # (label, tensorfs, reference, ref label)
     if "1_cold_raw" in r:
         groups.append(("raw, cold", r["1_cold_raw"]["tensorfs"], r["1_cold_raw"]["passthrough"], "passthrough"))
-        groups.append(("raw, fresh mount", r["1_fresh_raw"]["tensorfs"], r["1_fresh_raw"]["passthrough"], "passthrough"))
+        groups.append(("raw, fresh mount", r["1_fresh_raw"]["tensorfs"],
+                       r["1_fresh_raw"]["passthrough"], "passthrough"))
         groups.append(("raw, warm", r["2_warm_raw"]["tensorfs"], r["2_warm_raw"]["pread"], "pread"))
         groups.append(("F32 .npy", r["3_npy_native"]["tensorfs"], r["3_npy_native"]["fromfile"], "fromfile"))
     for q in CONV_TYPES:

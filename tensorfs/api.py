@@ -32,6 +32,7 @@ from tensorfs.loader import load_model
 from tensorfs.model import Model, TensorInfo
 from tensorfs.plan import plan_view
 from tensorfs.source import ModelSource
+from tensorfs.urls import remote_settings
 from tensorfs.wholefiles import whole_file_views
 
 __all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
@@ -97,7 +98,7 @@ class _Metadata(Mapping):
         return f"<metadata: {len(self)} keys>"
 
 
-def open(model, *, storage_options: dict | None = None,      # noqa: A001 - as SPEC §9 names it
+def open(model, *, storage_options: dict | None = None,
          timeout: float | None = None) -> "OpenModel":
     """Parse and validate ``model`` (a file, an index, a directory, a split GGUF's first
     shard, or a URL of any of those — what ``tensorfs mount`` takes); ``ModelError`` if it
@@ -106,17 +107,9 @@ def open(model, *, storage_options: dict | None = None,      # noqa: A001 - as S
     For a URL (SPEC §8, needs ``tensorfs-fuse[remote]``): ``storage_options`` are passed to
     fsspec (as ``--storage-option``), ``timeout`` bounds each read in seconds (``--timeout``);
     endpoints and credentials come from the environment as for a mount."""
-    from tensorfs.location import is_url
-
     model = os.fspath(model)
-    remote = None
-    if is_url(model):
-        from tensorfs.remote import RemoteSettings
-
-        remote = RemoteSettings(storage_options=dict(storage_options or {}))
-        if timeout is not None:
-            remote.timeout = float(timeout)
-    elif storage_options or timeout is not None:
+    remote = remote_settings(model, storage_options=storage_options, timeout=timeout)
+    if remote is None and (storage_options or timeout is not None):
         raise ValueError("storage_options and timeout apply to a URL only")
     return OpenModel(load_model(model, remote))
 
@@ -218,11 +211,11 @@ class OpenModel:
         plan = plan_view(tensor)
         if plan.kind == "native":
             dtype = np.dtype(plan.npy_dtype)
-            local = _local_fd(source)
+            local = source.local_fd
             if local is not None and tensor.nbytes > 0:
                 return _mapped(local, tensor, dtype)
             out = np.empty(tensor.shape, dtype)
-            _read_into(source, tensor.offset, _bytes_of(out))
+            source.read_into(tensor.offset, _bytes_of(out))
             out.flags.writeable = False
             return out
         if plan.kind == "converted":
@@ -237,20 +230,8 @@ class OpenModel:
         return len(self.tensors)
 
 
-def _local_fd(source) -> int | None:
-    """The descriptor of a local file's source (the one the header was validated against
-    and that a mount would serve from), or None for a source that is not a local file."""
-    fd = getattr(source, "fd", None)
-    return fd if isinstance(fd, int) else None
-
-
 def _bytes_of(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1).view(np.uint8))
-
-
-def _read_into(source, offset: int, buf: memoryview) -> None:
-    if len(buf):
-        source.read_into(offset, buf)
 
 
 def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:
@@ -269,6 +250,6 @@ def _converted(source, tensor: TensorInfo, conversion) -> np.ndarray:
     for first in range(0, n_blocks, per_slab):
         count = min(per_slab, n_blocks - first)
         raw = scratch[:count * block_in]
-        _read_into(source, tensor.offset + first * block_in, memoryview(raw))
+        source.read_into(tensor.offset + first * block_in, memoryview(raw))
         conversion.convert(raw, out=out[first * block_out:(first + count) * block_out])
     return out.reshape(tensor.shape)

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
-from tensorfs.diskcache import DiskCache  # noqa: F401  (the blocks on disk: its own module)
+from tensorfs.diskcache import DiskCache
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
@@ -103,7 +103,7 @@ class Fetcher:
             job = self._next()
             try:
                 job()
-            except BaseException:           # noqa: BLE001 - a job reports to its own futures
+            except BaseException:           # any exception: a job reports to its own futures
                 log.exception("a fetch failed unexpectedly")
 
 
@@ -126,7 +126,7 @@ def reuse_freed_blocks() -> None:
     if _allocator_tuned:
         return
     _allocator_tuned = True
-    import ctypes
+    import ctypes           # the serving process only (glibc's mallopt)
 
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -369,7 +369,7 @@ class BlockReader:
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
         must not push each other out before they are read."""
-        room = getattr(self.memory, "max_bytes", MAX_AHEAD * self.block) // (4 * self.block)
+        room = self.memory.max_bytes // (4 * self.block)
         return max(1, min(MAX_AHEAD, room))
 
     def _fetch_ahead(self, index: int, deadline: float) -> None:

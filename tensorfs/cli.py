@@ -3,7 +3,8 @@
 Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
 failure and 2 for a usage error; a traceback only with ``--debug``.  The line is escaped as a
 whole and bounded in length (``tensorfs.errors.one_line_bounded``): whatever name it quotes,
-no control character reaches the terminal and a megabyte name makes no megabyte line.  The daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
+no control character reaches the terminal and a megabyte name makes no megabyte line.  The
+daemon's life (fork, pid file, readiness, logs) is ``tensorfs.daemon``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from tensorfs.errors import (ModelError, descriptor_limit_line, one_line_bounded
                              printable)
 from tensorfs.mountoptions import OptionError
 from tensorfs.runtime import RuntimeDirError
+
+# The imports inside the functions below are there for start-up time: `tensorfs --help`,
+# `list` and `unmount` answer without numpy, the parsers, the transports or libfuse, and each
+# command imports what it uses when it runs.
 
 log = logging.getLogger("tensorfs")
 
@@ -111,6 +116,7 @@ def argument_secrets(argv: list[str]) -> list[str]:
     (``location.url_secrets``) and every VALUE of an argument holding ``=``, unless it is a
     number, true, false or null (``--storage-option anon=true`` hides nothing)."""
     from tensorfs.location import is_url, url_secrets
+    from tensorfs.urls import is_scalar
 
     found = []
     for arg in argv:
@@ -120,17 +126,9 @@ def argument_secrets(argv: list[str]) -> list[str]:
         rest = arg
         while "=" in rest:          # --s=KEY=VALUE: "KEY=VALUE" and "VALUE"
             rest = rest.split("=", 1)[1]
-            if rest and not _scalar(rest):
+            if rest and not is_scalar(rest):
                 found.append(rest)
     return sorted(set(found), key=len, reverse=True)        # the longest first
-
-
-def _scalar(text: str) -> bool:
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):        # '[' * 100000 is no scalar either
-        return False
-    return value is None or isinstance(value, (bool, int, float))
 
 
 def without_secrets(text: str, argv: list[str]) -> str:
@@ -179,8 +177,13 @@ def timeout_seconds(text: str) -> float:
     return value
 
 
+# A size as the options take it: 512M, 2G, 10GiB, 4096 (a leading "-" is matched to be
+# refused as negative, not as an unknown option).
+SIZE = re.compile(r"\s*(-?)(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*")
+
+
 def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(-?)(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    match = SIZE.fullmatch(text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
     if match.group(1):
@@ -327,19 +330,24 @@ def _hide_secrets(args) -> None:
     --storage-option's text to ``parse_storage_option``, abbreviated or not): the URL's
     credentials (``location.url_secrets``) and every storage option's VALUE but a number,
     true, false or null.  Done once the arguments are parsed, before any request."""
-    from tensorfs.location import is_url, url_secrets
     from tensorfs.runtime import hide_from_cmdline
+    from tensorfs.urls import command_line_secrets
 
-    model = getattr(args, "model", None)
-    secrets = url_secrets(model) if model and is_url(model) else []
-    secrets += [option.text for option in getattr(args, "storage_options", None) or []
-                if not _scalar(option.text)]
-    hide_from_cmdline(secrets)
+    options = getattr(args, "storage_options", None) or []      # not every command has it
+    hide_from_cmdline(command_line_secrets(_models(args), [option.text for option in options]))
+
+
+def _models(args) -> list[str]:
+    """The models a command line names (diff: two; list, unmount: none)."""
+    if args.command == "diff":
+        return [args.a, args.b]
+    model = getattr(args, "model", None)        # not every command has one
+    return [model] if model else []
 
 
 def parse_disk_cache(text: str) -> tuple[str, int]:
     directory, sep, size = text.rpartition(":")
-    if not sep or not re.fullmatch(r"\s*-?\d+\s*[kKmMgGtT]?(i?[bB])?\s*", size):
+    if not sep or not SIZE.fullmatch(size):
         directory, size = text, DEFAULT_DISK_CACHE_SIZE
     if not directory:
         raise argparse.ArgumentTypeError("--disk-cache needs a directory")
@@ -350,25 +358,18 @@ def parse_disk_cache(text: str) -> tuple[str, int]:
     return os.path.abspath(directory), nbytes     # from where the command runs
 
 
-def _storage_options(args) -> dict:
-    return dict(getattr(args, "storage_options", None) or [])
-
-
 def _remote_settings(args, cache):
     """How a URL's files are read (tensorfs.remote); nothing for a local file.  ``cache``:
     the mount's LRU, which holds the fetched blocks too (one --cache-size)."""
-    from tensorfs.location import is_url
+    from tensorfs.urls import option_problem, remote_settings
 
-    if not is_url(args.model):
-        if args.storage_options or getattr(args, "disk_cache", None):
-            raise UsageError("--storage-option and --disk-cache apply to a URL only")
-        return None
-    if not args.timeout > 0:
-        raise UsageError("--timeout must be more than 0 seconds")
-    from tensorfs.remote import RemoteSettings
-
-    return RemoteSettings(storage_options=_storage_options(args), timeout=args.timeout,
-                          cache=cache, disk_cache=getattr(args, "disk_cache", None))
+    disk_cache = getattr(args, "disk_cache", None)      # mount only
+    problem = option_problem([args.model], storage_options=args.storage_options,
+                             timeout=args.timeout, disk_cache=disk_cache)
+    if problem is not None:
+        raise UsageError(problem)
+    return remote_settings(args.model, storage_options=args.storage_options,
+                           timeout=args.timeout, cache=cache, disk_cache=disk_cache)
 
 
 def _say_error(text: str) -> None:
@@ -475,8 +476,7 @@ def main(argv=None) -> int:
             problem = usage_problem(args)
             if problem is not None:
                 raise UsageError(problem)
-            options = getattr(args, "storage_options", None) or []
-            return facts_main(args, _say_error, debug, [option.text for option in options])
+            return facts_main(args, _say_error, debug)
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
         _say_usage(_usage_of(parser, args, argv) or getattr(error, "usage", None)
@@ -677,7 +677,7 @@ def _served_files(model) -> dict:
 
 def cmd_mount(args) -> int:
     from tensorfs import daemon
-    from tensorfs.cache import ByteLRU
+    from tensorfs.budget import MemoryBudget
     from tensorfs.loader import load_model
     from tensorfs.mounttree import build_mount
     from tensorfs.runtime import descriptor_of
@@ -692,12 +692,12 @@ def cmd_mount(args) -> int:
         log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
     try:
         with _no_gc_while_building():
-            cache = ByteLRU(args.cache_size)
-            settings = _remote_settings(args, cache)
+            budget = MemoryBudget(args.cache_size)     # --cache-size, split once (budget.py)
+            settings = _remote_settings(args, budget.cache)
             model = load_model(args.model, settings)
             for notice in settings.notices() if settings is not None else ():
                 _say("warning", notice)     # tensorfs.remote: what the terminal must hear once
-            mounted = build_mount(model, cache, args.layout, args.views,
+            mounted = build_mount(model, budget, args.layout, args.views,
                                   workers=args.workers)
         st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
         options = fuse_options(args, model.source)

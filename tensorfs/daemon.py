@@ -293,7 +293,7 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
                    debug: bool) -> None:
     """Serve in this process; stderr is captured while mounting so that a refusal is said
     in one line, as in the background."""
-    import logging.handlers
+    import logging.handlers     # the foreground mount only: it pulls in socket, pickle ...
 
     saved = os.dup(2)
     stream = open(log_fd, "a", buffering=1) if log_fd is not None else \

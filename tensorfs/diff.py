@@ -30,9 +30,12 @@ import numpy as np
 
 from tensorfs.errors import printable
 from tensorfs.facts import (NUMBER_WIDTH, PIECE_ELEMENTS, ZERO_SCALE, Piece, Progress, Scratch,
-                            Table, cpu_count, fmt, json_number, lcm, ldexp_or_inf, open_model,
-                            read_into, run_ordered, scale_down, scale_of, shown_name,
-                            source_of, stored_order, tasks_of, values_of, wants_aligned)
+                            Table, fmt, json_number, lcm, ldexp_or_inf, open_model, run_ordered,
+                            scale_down, scale_of, source_of, stored_order, tasks_of, values_of,
+                            wants_aligned)
+from tensorfs.factsplot import plot_diff
+from tensorfs.urls import shown_name
+from tensorfs.workers import usable_cpus
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",
             "shape_differs", "only_in_a", "only_in_b")
@@ -157,7 +160,7 @@ def _piece_sums(a: np.ndarray, b: np.ndarray, scratch: Scratch, bytes_equal: boo
 def model_diff(a, b, workers: int | None = None, progress: Progress | None = None,
                on_tensor=None) -> list[TensorDiff]:
     """Every name of A (in A's stored order), then those only in B."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     ta = stored_order(a.model)
     tb = {t.name: t for t in stored_order(b.model)}
     results: list[TensorDiff] = []
@@ -206,8 +209,8 @@ def model_diff(a, b, workers: int | None = None, progress: Progress | None = Non
         start = piece.first // v.unit_elems * v.unit_bytes
         nbytes = -(-piece.count // v.unit_elems) * v.unit_bytes
         raw = scratch.get(key, nbytes, np.uint8)
-        read_into(source_of(a if key == "ra" else b, tensor), tensor.offset + start,
-                  memoryview(raw))
+        source_of(a if key == "ra" else b, tensor).read_into(tensor.offset + start,
+                                                             memoryview(raw))
         return raw
 
     def work(task):
@@ -320,8 +323,6 @@ def run(args, out=None) -> int:
                   ", ".join(f"{n} {s}" for s, n in counts.items()) + "\n")
     out.flush()
     if args.plot:
-        from tensorfs.factsplot import plot_diff
-
         plot_diff(results, shown_name(args.a), shown_name(args.b), args.plot)
     return 0 if set(counts) <= {"identical"} else 1
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# How a type without a numpy dtype becomes float32 (tensorfs.convert): "bf16" (a shift),
+# "fp8" (a 256-entry table), "ggml" (our kernel in tensorfs.convert.ggml, named as the type
+# in lower case), "ggml-scaled" (the same, built for the byte order of its fp16 scales),
+# "gguf-py" (gguf.quants.dequantize, the gguf extra), None (raw only).
 @dataclass(frozen=True)
 class GGMLType:
     id: int
@@ -18,44 +22,49 @@ class GGMLType:
     block_size: int        # elements per block
     type_size: int         # bytes per block
     numpy: str | None      # numpy dtype (little-endian form) when numpy has the type
+    kernel: str | None = None   # how it converts (above)
+    # its big-endian form is known: gguf-py's gguf_convert_endian.py swaps the fp16 scales
+    # of Q4_0, Q8_0 (d), Q4_K (d, dmin) and Q6_K (d) only; MXFP4 and NVFP4 have single-byte
+    # fields only (byteswap_noop), so big-endian files read the same
+    big_endian: bool = False
 
 
 GGML_TYPES: dict[int, GGMLType] = {t.id: t for t in (
     GGMLType(0, "F32", 1, 4, "<f4"),
     GGMLType(1, "F16", 1, 2, "<f2"),
-    GGMLType(2, "Q4_0", 32, 18, None),
-    GGMLType(3, "Q4_1", 32, 20, None),
-    GGMLType(6, "Q5_0", 32, 22, None),
-    GGMLType(7, "Q5_1", 32, 24, None),
-    GGMLType(8, "Q8_0", 32, 34, None),
-    GGMLType(9, "Q8_1", 32, 36, None),
-    GGMLType(10, "Q2_K", 256, 84, None),
-    GGMLType(11, "Q3_K", 256, 110, None),
-    GGMLType(12, "Q4_K", 256, 144, None),
-    GGMLType(13, "Q5_K", 256, 176, None),
-    GGMLType(14, "Q6_K", 256, 210, None),
-    GGMLType(15, "Q8_K", 256, 292, None),
-    GGMLType(16, "IQ2_XXS", 256, 66, None),
-    GGMLType(17, "IQ2_XS", 256, 74, None),
-    GGMLType(18, "IQ3_XXS", 256, 98, None),
-    GGMLType(19, "IQ1_S", 256, 50, None),
-    GGMLType(20, "IQ4_NL", 32, 18, None),
-    GGMLType(21, "IQ3_S", 256, 110, None),
-    GGMLType(22, "IQ2_S", 256, 82, None),
-    GGMLType(23, "IQ4_XS", 256, 136, None),
+    GGMLType(2, "Q4_0", 32, 18, None, "ggml-scaled", True),
+    GGMLType(3, "Q4_1", 32, 20, None, "ggml"),
+    GGMLType(6, "Q5_0", 32, 22, None, "ggml"),
+    GGMLType(7, "Q5_1", 32, 24, None, "ggml"),
+    GGMLType(8, "Q8_0", 32, 34, None, "ggml-scaled", True),
+    GGMLType(9, "Q8_1", 32, 36, None, "ggml"),
+    GGMLType(10, "Q2_K", 256, 84, None, "ggml"),
+    GGMLType(11, "Q3_K", 256, 110, None, "ggml"),
+    GGMLType(12, "Q4_K", 256, 144, None, "ggml-scaled", True),
+    GGMLType(13, "Q5_K", 256, 176, None, "ggml"),
+    GGMLType(14, "Q6_K", 256, 210, None, "ggml-scaled", True),
+    GGMLType(15, "Q8_K", 256, 292, None, "ggml"),
+    GGMLType(16, "IQ2_XXS", 256, 66, None, "gguf-py"),
+    GGMLType(17, "IQ2_XS", 256, 74, None, "gguf-py"),
+    GGMLType(18, "IQ3_XXS", 256, 98, None, "gguf-py"),
+    GGMLType(19, "IQ1_S", 256, 50, None, "gguf-py"),
+    GGMLType(20, "IQ4_NL", 32, 18, None, "gguf-py"),
+    GGMLType(21, "IQ3_S", 256, 110, None, "gguf-py"),
+    GGMLType(22, "IQ2_S", 256, 82, None, "gguf-py"),
+    GGMLType(23, "IQ4_XS", 256, 136, None, "gguf-py"),
     GGMLType(24, "I8", 1, 1, "|i1"),
     GGMLType(25, "I16", 1, 2, "<i2"),
     GGMLType(26, "I32", 1, 4, "<i4"),
     GGMLType(27, "I64", 1, 8, "<i8"),
     GGMLType(28, "F64", 1, 8, "<f8"),
-    GGMLType(29, "IQ1_M", 256, 56, None),
-    GGMLType(30, "BF16", 1, 2, None),
-    GGMLType(34, "TQ1_0", 256, 54, None),
-    GGMLType(35, "TQ2_0", 256, 66, None),
-    GGMLType(39, "MXFP4", 32, 17, None),
-    GGMLType(40, "NVFP4", 64, 36, None),
-    GGMLType(41, "Q1_0", 128, 18, None),
-    GGMLType(42, "Q2_0", 64, 18, None),
+    GGMLType(29, "IQ1_M", 256, 56, None, "gguf-py"),
+    GGMLType(30, "BF16", 1, 2, None, "bf16", True),
+    GGMLType(34, "TQ1_0", 256, 54, None, "gguf-py"),
+    GGMLType(35, "TQ2_0", 256, 66, None, "gguf-py"),
+    GGMLType(39, "MXFP4", 32, 17, None, "gguf-py", True),
+    GGMLType(40, "NVFP4", 64, 36, None, "gguf-py", True),
+    GGMLType(41, "Q1_0", 128, 18, None, "ggml"),
+    GGMLType(42, "Q2_0", 64, 18, None, "ggml"),
 )}
 
 GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES.values()}
@@ -81,11 +90,16 @@ GGUF_STRING = 8
 GGUF_ARRAY = 9
 
 
+_UNDOCUMENTED = "element packing order ({}) is not documented by the safetensors format"
+
+
 @dataclass(frozen=True)
 class SafetensorsDType:
     name: str
     bits: int              # bits per element; sub-byte types are packed
     numpy: str | None      # numpy dtype when numpy has the type (data served untouched)
+    kernel: str | None = None       # how it converts (GGMLType's kinds, above)
+    raw_only: str | None = None     # why it has no .npy view, where that is known
 
 
 SAFETENSORS_DTYPES: dict[str, SafetensorsDType] = {d.name: d for d in (
@@ -99,18 +113,21 @@ SAFETENSORS_DTYPES: dict[str, SafetensorsDType] = {d.name: d for d in (
     SafetensorsDType("I64", 64, "<i8"),
     SafetensorsDType("U64", 64, "<u8"),
     SafetensorsDType("F16", 16, "<f2"),
-    SafetensorsDType("BF16", 16, None),
+    SafetensorsDType("BF16", 16, None, "bf16"),
     SafetensorsDType("F32", 32, "<f4"),
     SafetensorsDType("F64", 64, "<f8"),
     SafetensorsDType("C64", 64, "<c8"),
-    SafetensorsDType("F8_E4M3", 8, None),
-    SafetensorsDType("F8_E5M2", 8, None),
-    SafetensorsDType("F8_E8M0", 8, None),
-    SafetensorsDType("F8_E4M3FNUZ", 8, None),
-    SafetensorsDType("F8_E5M2FNUZ", 8, None),
-    SafetensorsDType("F6_E2M3", 6, None),
-    SafetensorsDType("F6_E3M2", 6, None),
-    SafetensorsDType("F4", 4, None),
+    SafetensorsDType("F8_E4M3", 8, None, "fp8"),
+    SafetensorsDType("F8_E5M2", 8, None, "fp8"),
+    SafetensorsDType("F8_E8M0", 8, None, "fp8"),
+    SafetensorsDType("F8_E4M3FNUZ", 8, None, "fp8"),
+    SafetensorsDType("F8_E5M2FNUZ", 8, None, "fp8"),
+    SafetensorsDType("F6_E2M3", 6, None, raw_only="F6_E2M3 " + _UNDOCUMENTED.format(
+        "how four 6-bit elements fill three bytes")),
+    SafetensorsDType("F6_E3M2", 6, None, raw_only="F6_E3M2 " + _UNDOCUMENTED.format(
+        "how four 6-bit elements fill three bytes")),
+    SafetensorsDType("F4", 4, None, raw_only="F4 (E2M1) " + _UNDOCUMENTED.format(
+        "which nibble of a byte is the first element")),
 )}
 
 

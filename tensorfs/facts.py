@@ -23,6 +23,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
+from tensorfs import api
+from tensorfs.location import is_url
 from tensorfs.model import TensorInfo
 from tensorfs.plan import ViewPlan, plan_view
 
@@ -41,30 +43,12 @@ class FactsError(Exception):
     one line, like a ``ModelError``."""
 
 
-def cpu_count() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def open_model(model: str, storage_options: dict | None = None, timeout: float | None = None):
     """``tensorfs.api.open`` of what the user named: any MODEL form, with the remote options
     for a URL only."""
-    from tensorfs import api
-    from tensorfs.location import is_url
-
     if is_url(model):
         return api.open(model, storage_options=storage_options, timeout=timeout)
     return api.open(model)
-
-
-def shown_name(model: str) -> str:
-    """How a model is named in output: as given, a URL without its credentials or query."""
-    from tensorfs.location import display_url, is_url
-
-    return display_url(model) if is_url(model) else model
 
 
 def stored_order(model) -> list[TensorInfo]:
@@ -83,11 +67,6 @@ def stored_order(model) -> list[TensorInfo]:
 def source_of(open_model_, tensor: TensorInfo):
     """The source a tensor's bytes are read from: the one its file was parsed from."""
     return open_model_.model.sources[tensor.file]
-
-
-def read_into(source, offset: int, buf) -> None:
-    if len(buf):
-        source.read_into(offset, buf)
 
 
 def close_names(name: str, known, limit: int = 3) -> list[str]:
@@ -464,7 +443,7 @@ class Progress:
         self.bar = None
         if total > 0 and _is_terminal(sys.stderr):
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm       # optional: a terminal only
             except ImportError:         # a plain install has it; a bare one just shows nothing
                 return
             self.bar = tqdm(total=total, desc=what, unit="B", unit_scale=True,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from tensorfs.errors import ModelError
+
 COMMANDS = ("hash", "stats", "diff")
 
 
@@ -71,17 +73,13 @@ def _common(parser, debug_help: str, remote_options) -> None:
 
 def usage_problem(args) -> str | None:
     """What is wrong with a command line argparse accepted, or None."""
-    from tensorfs.location import is_url
+    from tensorfs.urls import option_problem        # at first use: start-up time
 
     models = [args.a, args.b] if args.command == "diff" else [args.model]
-    if args.storage_options and not any(is_url(m) for m in models):
-        return "--storage-option applies to a URL only"
-    if not args.timeout > 0:
-        return "--timeout must be more than 0 seconds"
-    return None
+    return option_problem(models, storage_options=args.storage_options, timeout=args.timeout)
 
 
-def main(args, say_error, debug: bool, secrets=()) -> int:
+def main(args, say_error, debug: bool) -> int:
     """Run a fact command; its exit status.  A failure is said in one line by
     ``say_error`` (``tensorfs.cli``'s) and exits 1, or 2 for ``diff``; a bad command line
     exits 2."""
@@ -90,22 +88,12 @@ def main(args, say_error, debug: bool, secrets=()) -> int:
     # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts imports it.
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
-    from tensorfs.errors import ModelError
-    from tensorfs.facts import FactsError
-    from tensorfs.location import is_url
+    from tensorfs.facts import FactsError       # numpy: after the variables above
 
     problem = usage_problem(args)
     if problem is not None:
         say_error(problem)
         return 2
-    models = [args.a, args.b] if args.command == "diff" else [args.model]
-    if any(is_url(m) for m in models):
-        from tensorfs.location import url_secrets
-        from tensorfs.runtime import hide_from_cmdline
-
-        # what `ps` shows of this process: no credentials
-        hide_from_cmdline([s for m in models if is_url(m) for s in url_secrets(m)] +
-                          list(secrets))
     try:
         return _run(args)
     except (FactsError, ModelError, OSError) as error:
@@ -121,6 +109,8 @@ def main(args, say_error, debug: bool, secrets=()) -> int:
 
 
 def _run(args) -> int:
+    # each command's module at its run: numpy after the variables main sets, and the
+    # parser built without any of them (start-up time)
     if args.command == "hash":
         from tensorfs import hashing
 

@@ -42,11 +42,12 @@ def check_plot(path: str) -> None:
 
 def _pyplot():
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib       # the plot extra, for --plot only
     except ImportError:
         raise FactsError("--plot needs matplotlib: pip install 'tensorfs-fuse[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt     # after the backend is chosen
+
     return plt
 
 

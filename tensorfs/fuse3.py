@@ -33,7 +33,7 @@ import time
 from typing import NamedTuple
 
 from tensorfs.mountoptions import MountOptions
-from tensorfs.runtime import descriptor_of
+from tensorfs.runtime import descriptor_of, mount_device
 
 log = logging.getLogger("tensorfs")
 
@@ -384,14 +384,9 @@ class _LoopConfig32(ctypes.Structure):         # struct fuse_loop_config before 
 class Session:
     """One mount served by libfuse's loop, calling into ``fs``.
 
-    ``fs`` answers:  ``lookup(parent_ino, name) -> Entry``, ``getattr(ino) -> Entry``,
-    ``listing(ino) -> [(name, Entry)]`` (a directory's entries after "." and ".."),
-    ``open(ino) -> fd | None`` (may the file be opened; a descriptor that holds all of it,
-    for the kernel to read itself), ``read_fd(ino, offset, size) -> (fd, pos, n) | None``
-    (the bytes are ``n`` bytes of ``fd`` at ``pos``: sent from there without passing through
-    Python), ``read_into(ino, offset, buf) -> n`` (the bytes copied into ``buf``),
-    ``getxattr(ino, name) -> bytes``, ``listxattr(ino) -> [str]``.  ``FsError(errno)`` is
-    answered as it is; ``errno_of(exc)`` maps (and may log) any other exception.
+    ``fs`` is a ``tensorfs.operations.Operations``: its methods, documented there, answer
+    the kernel's requests.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
+    (given: the filesystem's ``Operations.errno_of``) maps (and may log) any other exception.
 
     How a local file's bytes reach the kernel (``mechanism``, chosen at INIT and logged once):
 
@@ -577,7 +572,6 @@ class Session:
         sysfs (root only), once INIT is done: hence here, on a first request.  Benchmark
         rows 1 and 4 (docs/serving.md)."""
         self._tune_pending = False
-        from tensorfs.runtime import mount_device
         device = mount_device(self._mountpoint)
         path = f"/sys/class/bdi/{device}/read_ahead_kb"
         try:

@@ -15,9 +15,9 @@ from tensorfs.editing import EditRefused
 from tensorfs.fuse3 import Entry, FsError, Session
 from tensorfs.longwork import NotReady
 from tensorfs.mountoptions import MountOptions
-from tensorfs.namespace import DirNode, Tree
+from tensorfs.namespace import DirNode, FileNode, Tree
+from tensorfs.operations import Operations
 from tensorfs.source import SourceError
-from tensorfs.views import fill_from
 
 log = logging.getLogger("tensorfs")
 
@@ -45,7 +45,9 @@ PASSTHROUGH = os.environ.get("TENSORFS_PASSTHROUGH", "0") == "1"
 KEEP_LISTING_ENTRIES = 64
 
 
-class TensorFS:
+class TensorFS(Operations):
+    """The ``Operations`` of a mount: a ``Tree``'s nodes by inode number."""
+
     def __init__(self, tree: Tree, editor=None):
         self.tree = tree
         self._nlink: dict[int, int] = {}
@@ -67,10 +69,9 @@ class TensorFS:
             self.invalidate([node.ino for node in nodes])
 
     # -- the one errno mapping -----------------------------------------------------------------
-    @staticmethod
-    def errno_of(exc: BaseException) -> int:
+    def errno_of(self, exc: BaseException) -> int:
         if isinstance(exc, SourceError):
-            if not getattr(exc, "logged", False):   # a source that said it already (once)
+            if not exc.logged:      # a source that said it already (once)
                 log.error("%s", exc)
             return errno.EIO
         if isinstance(exc, EditRefused):
@@ -116,10 +117,9 @@ class TensorFS:
                     isinstance(c, DirNode) for c in node.children.values())
             return Entry(node.ino, True, 0, nlink)
         view = node.view
-        if listing and not getattr(view, "cheap_size", False):
-            return Entry(node.ino, False, None, 1, owner=getattr(view, "owner", None))
-        return Entry(node.ino, False, view.size, 1, getattr(view, "mtime_ns", None),
-                     getattr(view, "owner", None))
+        if listing and not view.cheap_size:
+            return Entry(node.ino, False, None, 1, owner=view.owner)
+        return Entry(node.ino, False, view.size, 1, view.mtime_ns, view.owner)
 
     # -- the calls -----------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
@@ -164,21 +164,19 @@ class TensorFS:
     def open(self, ino: int) -> int | None:
         """A view that can say so refuses a file changed since the mount (EIO) here, and may
         name the descriptor holding all of it (tensorfs.fuse3: passthrough)."""
-        check = getattr(self._file_view(ino), "open", None)
-        return check() if check is not None else None
+        return self._file_view(ino).open()
 
     def read_fd(self, ino: int, offset: int, size: int):
-        ranged = getattr(self._file_view(ino), "read_fd", None) if FD_REPLIES else None
-        return ranged(offset, size) if ranged is not None else None
+        return self._file_view(ino).read_fd(offset, size) if FD_REPLIES else None
 
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         node = self._node(ino)
         if isinstance(node, DirNode):
             raise FsError(errno.EISDIR)
-        return fill_from(node.view, offset, buf)
+        return node.view.read_into(offset, buf)
 
     def getxattr(self, ino: int, name: str) -> bytes:
-        xattrs = getattr(self._node(ino), "xattrs", {})
+        xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
             try:
                 return xattrs[name]
@@ -191,7 +189,11 @@ class TensorFS:
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list:
-        return list(getattr(self._node(ino), "xattrs", {}))
+        return list(self._xattrs(self._node(ino)))
+
+    @staticmethod
+    def _xattrs(node):
+        return node.xattrs if isinstance(node, FileNode) else {}
 
     # -- an editable mount (--edits): tensorfs.editing says what each change means -----------
     def _keep(self, handle) -> int:

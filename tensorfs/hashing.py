@@ -32,8 +32,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tensorfs.errors import printable
-from tensorfs.facts import (HASH_PIECE_BYTES, MANIFEST_LIMIT, FactsError, Progress, cpu_count,
-                            read_into, read_text_input, source_of, stored_order)
+from tensorfs.facts import (HASH_PIECE_BYTES, MANIFEST_LIMIT, FactsError, Progress, open_model,
+                            read_text_input, source_of, stored_order)
+from tensorfs.urls import shown_name
+from tensorfs.workers import usable_cpus
 
 # uuid.uuid5(uuid.NAMESPACE_URL, 'en.wikipedia.org/wiki/Llama.cpp'), as gguf-hash.cpp has it
 UUID_NAMESPACE = uuid.UUID("ef001206-dadc-5f6d-a15f-3359e577d4e5")
@@ -47,7 +49,7 @@ class _XXH64:
 
     def __init__(self):
         try:
-            import xxhash
+            import xxhash       # optional: xxh64 only
         except ImportError:
             raise FactsError("xxh64 needs the xxhash package (pip install xxhash)") from None
         self._h = xxhash.xxh64(seed=0)
@@ -156,7 +158,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
     other lanes, a tensor's pieces in order on one lane.  So the whole-model hash of the
     slowest algorithm bounds the time: it is one sequential stream (a hash of a
     concatenation cannot be split), the per-tensor hashes run beside it."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     tensors = stored_order(opened.model)
     model_algorithms = [a for a in ALGORITHMS if a in algorithms] + \
         (["uuid"] if "uuid" in algorithms else [])
@@ -178,14 +180,14 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
 
     def read(source, offset: int, buf: bytearray, n: int) -> memoryview:
         view = memoryview(buf)[:n]
-        read_into(source, offset, view)
+        source.read_into(offset, view)
         return view
 
     def feed_model(algorithm: str, read_done: Future, buf: bytearray) -> None:
         try:
             if not failed:
                 model_hashers[algorithm].update(read_done.result())
-        except BaseException as error:     # noqa: BLE001 - handed to the caller
+        except BaseException as error:     # any exception: handed to the caller
             fail(error)
         finally:
             buffers.done(buf)
@@ -200,7 +202,7 @@ def hash_model(opened, algorithms: tuple[str, ...], per_tensor: bool = True,
                 if last:
                     out.tensors[slot] = (out.tensors[slot][0],
                                          {a: final_value(a, h) for a, h in state.items()})
-        except BaseException as error:     # noqa: BLE001
+        except BaseException as error:     # any exception: handed to the caller
             fail(error)
         finally:
             with lock:
@@ -347,8 +349,6 @@ def chosen_algorithms(args, manifest: Manifest | None) -> tuple[str, ...]:
 
 def run(args, out=None) -> int:
     """The ``hash`` command; its exit status."""
-    from tensorfs.facts import open_model, shown_name
-
     out = out or sys.stdout
     manifest = read_manifest(args.check) if args.check else None
     algorithms = chosen_algorithms(args, manifest)

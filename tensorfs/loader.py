@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from tensorfs import shards
+from tensorfs.location import LocalLocation, is_url
 from tensorfs.model import Model
+from tensorfs.wholefiles import find_companions
 
 
 def location_for(path: str, remote=None):
     """The location of what the user named: a URL's (``tensorfs.remote``, read as ``remote``,
     a ``RemoteSettings``, says) or the local filesystem's."""
-    from tensorfs.location import LocalLocation, is_url
-
     if is_url(path):
+        # a URL only: the transports and their extras cost a mount of a local file nothing
         from tensorfs.remote import RemoteLocation, RemoteSettings
 
         return RemoteLocation(path, remote or RemoteSettings())
@@ -28,9 +30,6 @@ def load_model(path: str, remote=None) -> Model:
     URL, read as ``remote`` (a ``tensorfs.remote.RemoteSettings``) says.  ``Model.sources``
     holds each file's source, opened once and parsed from: the mount serves from them
     (``Model.close()`` when done)."""
-    from tensorfs import shards
-    from tensorfs.wholefiles import find_companions
-
     location = location_for(path, remote)
     named = location.normalize(path)
     try:

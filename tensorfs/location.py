@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
+from tensorfs.source import ModelSource
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -170,6 +171,15 @@ class Location:
                 refused[name] = problem
         return names
 
+    def take(self, path: str, open_it: bool = False):
+        """The source of ``path``, handed over: the caller owns (and closes) it from now on,
+        and ``attach`` and ``close_all`` leave it alone.  None if it is not open here,
+        unless ``open_it``."""
+        source = self.opened.pop(path, None)
+        if source is None and open_it:
+            source = self._open(path)
+        return source
+
     def open(self, path: str):
         """The source of ``path`` (kept until ``attach`` or ``close_all``)."""
         source = self.opened.get(path)
@@ -181,13 +191,12 @@ class Location:
         """``path`` parsed from its source; a source that kept the bytes it read for the
         parse (a remote file's first answer) lets them go at once: what a shard costs
         until the mount ends is its parsed header, not its bytes."""
+        # at the first parse: every command checks is_url here, few need the parsers
         from tensorfs.modelfile import parse_source
 
         source = self.open(path)
         model_file = parse_source(source)
-        end_parse = getattr(source, "end_parse", None)
-        if end_parse is not None:
-            end_parse([(t.offset, t.nbytes) for t in model_file.tensors])
+        source.end_parse([(t.offset, t.nbytes) for t in model_file.tensors])
         return model_file
 
     def parse_all(self, paths: list[str]) -> list[ModelFile]:
@@ -248,8 +257,6 @@ class LocalLocation(Location):
         return [n for n in names if os.path.isfile(os.path.join(directory, n))]
 
     def _open(self, path: str):
-        from tensorfs.source import ModelSource
-
         return ModelSource(path, within=self.named_beside.get(path))
 
     def join(self, directory: str, name: str) -> str:

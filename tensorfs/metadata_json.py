@@ -87,7 +87,7 @@ def _document(model: Model, paths: dict, plans: dict[str, ViewPlan],
 
 def _version(model: Model, f) -> str | None:
     source = model.sources.get(f.path)
-    return getattr(source, "version", None)
+    return source.version if source is not None else None
 
 
 def _tensor_entry(model: Model, tensor, paths: dict, plans: dict) -> dict:

@@ -7,8 +7,9 @@ for more.  Below ``tensorfs.location`` and ``tensorfs.shards``, which call it fo
 from __future__ import annotations
 
 from tensorfs.errors import ModelError
-from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats import NeedMoreBytes, gguf, safetensors
 from tensorfs.model import ModelFile
+from tensorfs.source import ModelSource, SourceError
 
 # Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
 # is re-read at least as far as the parser asks and four times longer than before: a few
@@ -26,9 +27,6 @@ def parse_source(source) -> ModelFile:
     """Parse and validate the model file ``source`` holds (any source: ``tensorfs.source``);
     ``ModelError`` (with ``file`` set) if refused.  The caller keeps the source open: it is
     the one that serves what was parsed."""
-    from tensorfs.formats import gguf, safetensors
-    from tensorfs.source import SourceError
-
     path = source.name
     try:
         file_size = source.size
@@ -56,7 +54,7 @@ def parse_source(source) -> ModelFile:
                                      f"{MAX_HEADER_READ} bytes ({more.needed} at least), "
                                      f"the most tensorfs reads as a header", file=path)
                 grown = GROWTH * len(prefix)
-                step = getattr(source, "prefix_step", None)
+                step = source.prefix_step
                 if step is not None:        # a remote file: no more than header + step fetched
                     grown = min(grown, len(prefix) + step)
                 want = min(file_size, MAX_HEADER_READ, max(more.needed, grown))
@@ -110,8 +108,6 @@ def _unknown_format(prefix: bytes, file_size: int, path: str) -> ModelError:
 
 def parse_model_file(path: str) -> ModelFile:
     """Parse and validate one local model file; ``ModelError`` (with ``file`` set) if refused."""
-    from tensorfs.source import ModelSource
-
     source = ModelSource(path)
     try:
         return parse_source(source)

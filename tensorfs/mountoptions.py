@@ -22,8 +22,9 @@ The options are parsed once, into one ``MountOptions``: the CLI makes it, the FU
 (``tensorfs.fusefs``) takes the timeouts and the thread count from it and the binding
 (``tensorfs.fuse3``) the ``max_read`` it must repeat at INIT and the ``-o`` list libfuse
 gets (``libfuse_options``), which holds only what every supported libfuse (3.10 to 3.18)
-accepts: tests/test_libfuse_matrix.py mounts every allowed option on each.  ``rw`` coming from mount(8) through the fstab convention is its default, not a
-request: ``parse(..., from_mount_helper=True)`` drops it, with the userspace-only options
+accepts: tests/test_libfuse_matrix.py mounts every allowed option on each.  ``rw`` coming
+from mount(8) through the fstab convention is its default, not a request:
+``parse(..., from_mount_helper=True)`` drops it, with the userspace-only options
 (``nofail``, ``_netdev``, ``x-*`` ...).
 """
 
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+
+from tensorfs.errors import printable
 
 DAY_S = 86400.0         # the model is immutable: attributes, names and misses keep a day
 
@@ -168,6 +171,4 @@ def _number(key: str, text: str | None, shown: str):
 
 
 def escape_option(text: str) -> str:
-    from tensorfs.errors import printable
-
     return printable(text)

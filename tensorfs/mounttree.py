@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tensorfs.budget import MemoryBudget
 from tensorfs.cache import ByteLRU
 from tensorfs.errors import ModelError
 from tensorfs.longwork import LongWork
@@ -18,7 +19,8 @@ from tensorfs.metadata_files import add_metadata_files
 from tensorfs.metadata_json import metadata_json_pieces
 from tensorfs.model import Model
 from tensorfs.namespace import TensorPaths, Tree, entry_name, tensor_paths
-from tensorfs.plan import ViewPlan, plan_view
+from tensorfs.plan import Plans, ViewPlan
+from tensorfs.runtime import mount_device
 from tensorfs.source import ModelSource
 from tensorfs.views import (ConvertedView, GeneratedView, NpyView, RawView, npy_header,
                             worker_pool)
@@ -50,19 +52,14 @@ class MountedModel:
         run in the serving process (worker processes) starts here, not at build time.
         ``mountpoint`` (resolved): watched while remote sources serve it (below)."""
         for source in self.sources.values():
-            source.start()      # a remote source's transport: its event loop thread is
-                                # not copied by fork
-            blocks = getattr(source, "blocks", None)
-            if blocks is not None and self.whole_files:
-                # A block served through a tensor's file is in that file's page cache, not
-                # in the whole file's (nor the reverse): it stays in the memory cache (LRU,
-                # --cache-size) instead of being let go once served, so that it is not
-                # fetched again for the other file (SPEC §11).
-                blocks.page_cached = False
+            # a remote source's transport: its event loop thread is not copied by fork;
+            # with files/, a model file's bytes are served twice (its tensors', its own)
+            source.start(served_once=not self.whole_files)
         for companion in self.model.companions:
             companion.start()
-        getattr(self.model.companions, "say_refused", lambda: None)()     # tensorfs.wholefiles
-        aborts = [s.abort for s in self.sources.values() if hasattr(s, "abort")]
+        # a directory's companions say at once which files they left out (tensorfs.wholefiles)
+        getattr(self.model.companions, "say_refused", lambda: None)()
+        aborts = [s.abort for s in self.sources.values() if s.remote]
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
                              name="tensorfs-unmount-watch", daemon=True).start()
@@ -130,8 +127,6 @@ def _abort_when_detached(mountpoint: str, aborts) -> None:
     nothing until the request times out.  Once the mount point is gone from the mount table,
     every remote request still waiting is ended (EIO): the reader lets go, the kernel ends
     the session, the daemon exits."""
-    from tensorfs.runtime import mount_device
-
     seen = False
     started = time.monotonic()
     while True:
@@ -190,6 +185,7 @@ class TensorXattrs(Mapping):
         return name in self.NAMES or (name == self.SHA256 and self.raw is not None)
 
     def _sha256(self) -> bytes:
+        # at the first hash asked for: the facts layer costs a mount nothing before
         from tensorfs.hashing import sha256_of
 
         if self.sha256 is not None:
@@ -232,15 +228,8 @@ class _Checked:
 def describe(model: Model, layout: str = "tree") -> tuple[dict[str, TensorPaths], dict[str, ViewPlan]]:
     """Paths and view plans of every tensor: all that metadata.json needs besides the model."""
     paths = tensor_paths([t.name for t in model.tensors], layout)
-    by_type: dict[tuple, ViewPlan] = {}       # the plan depends only on the type
-    plans = {}
-    for t in model.tensors:
-        key = (t.dtype, t.ggml_type, t.byte_order)
-        plan = by_type.get(key)
-        if plan is None:
-            plan = by_type[key] = plan_view(t)
-        plans[t.name] = plan
-    return paths, plans
+    plan_of = Plans()
+    return paths, {t.name: plan_of(t) for t in model.tensors}
 
 
 # The largest size ``stat`` can tell: st_size is a signed 64-bit off_t (the kernel's
@@ -259,7 +248,7 @@ def check_sizes(model: Model, npy: bool = True) -> None:
     (a local one's came from fstat, so it does; a remote one's is what a server said).
     Only the .npy views can be larger than their file, and they are checked one by one
     only in a file so large that one could be (so a 100k-tensor model pays nothing)."""
-    by_type: dict[tuple, ViewPlan] = {}
+    plan_of = Plans()
     for f in model.files:
         if f.file_size > MAX_FILE_SIZE:
             raise ModelError("file_size", f"the file is {f.file_size} bytes, more than a file "
@@ -267,8 +256,7 @@ def check_sizes(model: Model, npy: bool = True) -> None:
         if not npy or f.file_size * MAX_VIEW_GROWTH <= MAX_FILE_SIZE:
             continue
         for t in f.tensors:
-            key = (t.dtype, t.ggml_type, t.byte_order)
-            plan = by_type.get(key) or by_type.setdefault(key, plan_view(t))
+            plan = plan_of(t)
             if plan.kind is None:
                 continue
             data = t.nbytes if plan.kind == "native" else t.n_elements * 4
@@ -282,15 +270,11 @@ def check_sizes(model: Model, npy: bool = True) -> None:
 
 def costly_bytes(model: Model) -> int:
     """Float32 bytes of the model's tensors whose conversion is costly (block quants)."""
-    by_type: dict[tuple, bool] = {}
+    plan_of = Plans()
     total = 0
     for t in model.tensors:
-        key = (t.dtype, t.ggml_type, t.byte_order)
-        costly = by_type.get(key)
-        if costly is None:
-            plan = plan_view(t)
-            costly = by_type[key] = plan.kind == "converted" and plan.conversion.costly
-        if costly:
+        plan = plan_of(t)
+        if plan.kind == "converted" and plan.conversion.costly:
             total += t.n_elements * 4
     return total
 
@@ -301,7 +285,7 @@ VIEWS = ("raw", "npy", "files")
 TENSOR_VIEWS = ("raw", "npy")
 
 
-def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
+def build_mount(model: Model, budget: MemoryBudget, layout: str = "tree",
                 views: tuple[str, ...] = VIEWS, workers: int | None = 0) -> MountedModel:
     """The tree of a mount.  Nothing here costs per tensor: metadata.json is made when first
     read, and the tensors' files when their directory is first looked into.
@@ -312,6 +296,7 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     ``views`` says, so that every tensor is still there once -- unless ``views`` names no
     tensor view at all (``--views files``: the tree of tensors is left out).
 
+    ``budget``: the memory it serves from (tensorfs.budget), made once by the caller.
     ``workers``: conversion worker processes (0: convert in-thread; None: as many as pay,
     ``worker_pool``), started by ``MountedModel.start``."""
     unknown = set(views) - set(VIEWS)
@@ -320,7 +305,8 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     serve_raw, serve_npy = "raw" in views, "npy" in views
     tensor_views = tuple(v for v in TENSOR_VIEWS if v in views)
     check_sizes(model, npy=serve_npy)
-    pool = worker_pool(workers, cache) if serve_npy else None
+    cache = budget.cache
+    pool = worker_pool(workers, budget) if serve_npy else None
     # The sources the files were parsed from (tensorfs.loader.load_model): never the path
     # opened again, which may name another file by now.
     sources = dict(model.sources) or {f.path: ModelSource(f.path, f.file_size)
@@ -349,21 +335,18 @@ def build_mount(model: Model, cache: ByteLRU, layout: str = "tree",
     add_metadata_files(tree, model, cache)
 
     tensors = model.tensors
-    plans_by_type: dict[tuple, ViewPlan] = {}
+    plan_of = Plans()
 
     def make_files(i: int):
         tensor = tensors[i]
-        key = (tensor.dtype, tensor.ggml_type, tensor.byte_order)
-        plan = plans_by_type.get(key)
-        if plan is None:
-            plan = plans_by_type[key] = plan_view(tensor)
+        plan = plan_of(tensor)
         source = sources[tensor.file]
         raw = RawView(source, tensor.offset, tensor.nbytes)
         if plan.kind == "native":
             view = NpyView(plan.npy_dtype, tensor.shape, raw)
         elif plan.kind == "converted":
             converted = ConvertedView(source, tensor.offset, tensor.nbytes, plan.conversion,
-                                      cache, ("chunk", tensor.name), tensor.n_elements,
+                                      budget, ("chunk", tensor.name), tensor.n_elements,
                                       pool=pool)
             view = NpyView("<f4", tensor.shape, converted)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tensorfs import convert
 from tensorfs.dtypes import native_numpy_dtype
 from tensorfs.model import TensorInfo
 
@@ -23,12 +24,23 @@ def plan_view(tensor: TensorInfo) -> ViewPlan:
     native = native_numpy_dtype(tensor)
     if native is not None:
         return ViewPlan("native", native)
-    from tensorfs import convert
-
-    conversion_for = getattr(convert, "conversion_for", None)
-    conversion = conversion_for(tensor) if conversion_for else None
+    conversion = convert.conversion_for(tensor)
     if conversion is not None:
         return ViewPlan("converted", "<f4", conversion)
-    reason_for = getattr(convert, "raw_only_reason", None)
-    reason = reason_for(tensor) if reason_for else None
+    reason = convert.raw_only_reason(tensor)
     return ViewPlan(None, None, None, reason or f"no conversion for {tensor.dtype}")
+
+
+class Plans:
+    """``plan_view`` made once per stored type: a plan depends on the type alone (dtype,
+    GGML type, byte order), and a model has thousands of tensors of a few types."""
+
+    def __init__(self):
+        self._by_type: dict[tuple, ViewPlan] = {}
+
+    def __call__(self, tensor: TensorInfo) -> ViewPlan:
+        key = (tensor.dtype, tensor.ggml_type, tensor.byte_order)
+        plan = self._by_type.get(key)
+        if plan is None:
+            plan = self._by_type[key] = plan_view(tensor)
+        return plan

@@ -19,15 +19,15 @@ import threading
 import time
 import types
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from tensorfs import blockcache
 from tensorfs import status as mount_status
 from tensorfs.blockcache import BlockReader, Fetcher
+from tensorfs.cache import ByteLRU
 from tensorfs.diskcache import DiskCache
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, Location, display_url
-from tensorfs.source import SourceError
+from tensorfs.source import Source, SourceError
 from tensorfs.transports import transport_for
 from tensorfs.transports.base import FetchError, Transport
 
@@ -73,10 +73,8 @@ class RemoteLocation(Location):
         self.transport = transport_for(url, settings)
         self.fetcher = Fetcher()            # the mount's requests in flight
         self._missing: dict[str, ModelError] = {}
-        if settings.cache is None:
-            from tensorfs.cache import ByteLRU
-
-            settings.cache = ByteLRU(settings.cache_bytes)
+        # the mount's LRU, or one of this location's own: the settings stay as given
+        self.cache = settings.cache if settings.cache is not None else ByteLRU(settings.cache_bytes)
         self.disk = None
         if settings.disk_cache:
             try:
@@ -121,7 +119,8 @@ class RemoteLocation(Location):
     def _open(self, path: str):
         if path in self._missing:       # asked already (kind): not asked twice
             raise self._missing[path]
-        return RemoteSource(self.transport, path, self.settings, self.disk, self.fetcher)
+        return RemoteSource(self.transport, path, self.settings, self.disk, self.fetcher,
+                            cache=self.cache)
 
     def join(self, directory: str, name: str) -> str:
         return directory.rstrip("/") + "/" + name
@@ -157,16 +156,17 @@ def _logged(error: SourceError) -> SourceError:
     return error
 
 
-class RemoteSource:
+class RemoteSource(Source):
     """A remote file as served: size and version pinned by the first request, the header
     kept from the parse, every other byte read through the block cache."""
 
     # the parser's growing prefix grows by at most this much past what it asked for: a mount
     # fetches at most header + 1 MiB of each file (SPEC §8)
     prefix_step = 1 << 20
+    remote = True
 
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
-                 disk: DiskCache | None, fetcher: Fetcher | None = None):
+                 disk: DiskCache | None, fetcher: Fetcher | None = None, cache=None):
         self.transport = transport
         self.name = self.path = path
         self.timeout = settings.timeout
@@ -195,7 +195,8 @@ class RemoteSource:
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
         identity = transport.identity(path) if disk is not None and self.version else None
         disk_key = disk.key(identity, self.version, block, label=path) if identity else None
-        self.blocks = BlockReader(key, self.size, self._fetch, settings.cache, disk, disk_key,
+        cache = cache if cache is not None else settings.cache
+        self.blocks = BlockReader(key, self.size, self._fetch, cache, disk, disk_key,
                                   block_size=block, fetcher=fetcher)
 
     # -- the source interface ----------------------------------------------------------------
@@ -203,14 +204,23 @@ class RemoteSource:
         return types.SimpleNamespace(st_uid=os.getuid(), st_gid=os.getgid(), st_mtime=self.mtime,
                                      st_mtime_ns=int(self.mtime * 1e9), st_size=self.size)
 
-    def start(self) -> None:
-        """In the serving process (the daemon, after the fork)."""
+    def start(self, served_once: bool = True) -> None:
+        """In the serving process (the daemon, after the fork): reads go through FUSE.  A
+        block served in full leaves the memory cache (the page cache keeps it) only where
+        no other file of the mount serves it again: a block served through a tensor's file
+        is in that file's page cache, not in the whole file's of files/ (nor the reverse),
+        and stays in the memory cache so that it is not fetched again for the other."""
         self.transport.serve()
         blockcache.reuse_freed_blocks()
-        self.blocks.page_cached = True      # start() is the mount's: reads go through FUSE
+        self.blocks.page_cached = served_once
         if self.version is None:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
                         "under the mount cannot be told; not kept in the disk cache", self.path)
+
+    def vouch(self, offset: int = 0, size: int = 0) -> None:
+        """A file whose version changed is refused at open too (its error logged once)."""
+        if self.broken is not None:
+            raise _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
 
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""

@@ -50,6 +50,8 @@ from operator import itemgetter
 from typing import Iterable
 
 from tensorfs.errors import ModelError, ShardError
+from tensorfs.formats import gguf, safetensors
+from tensorfs.formats.safetensors import _lone_surrogate
 from tensorfs.location import DIRECTORY, FILE, LocalLocation, Location, name_problem
 from tensorfs.model import MetadataValue, Model, ModelFile, TensorInfo
 
@@ -135,8 +137,6 @@ def _load_file(path: str, source: str, loc: Location) -> Model:
 def _looks_like_index(path: str, loc: Location) -> bool:
     """A JSON object rather than a model file: told from the first bytes, as models are.
     The file is opened once, here: the parser reads the same source."""
-    from tensorfs.formats import gguf, safetensors
-
     source = loc.open(path)         # refuses what is not a regular file, before reading
     try:
         size = source.size
@@ -286,8 +286,6 @@ def _read_index(path: str, loc: Location | None = None) -> tuple[dict, dict[str,
     except UnicodeDecodeError as exc:
         raise _error("index_json", "index is not valid UTF-8", path, offset=exc.start) from None
     bom = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
-    from tensorfs.formats.safetensors import _lone_surrogate
-
     lone = _lone_surrogate(text)
     if lone is not None:
         # Python's json would accept it, and the string could then be written nowhere as

@@ -1,24 +1,14 @@
-"""Where a model's bytes come from: the source interface, and the local file.
+"""Where a model's bytes come from: the source interface (``Source``), and the local file.
 
 A *source* is one model file as served, opened once at mount and read by the parsers (the
 header) and then by the views (the tensors), always the same object: what was parsed is what
-is served.  Every source has
+is served.  ``Source`` declares what every source has and, with their defaults, the parts
+only some sources have; ``ModelSource`` below is the local file, ``tensorfs.remote`` has
+the remote one.
 
-- ``name``: how it is shown (a path, or a URL without credentials);
-- ``size``: the bytes it has, as at open time;
-- ``version``: what pins those bytes (None for a local file, which is watched instead: below;
-  an ETag, S3 version id or Hub commit for a remote object, ``tensorfs.sources.remote``);
-- ``read(offset, size) -> bytes`` and ``read_into(offset, buf) -> n``: exactly the bytes
-  asked for, inside ``size``; anything else is a ``SourceError`` (EIO in the mount);
-- ``stat()``: owner and mtime to show on the mount's files;
-- ``start()``: called in the daemon after the fork (a remote source reopens its transport
-  there: an event loop thread does not survive a fork); ``close()``.
-
-``ModelSource`` below is the local file.  It is opened with ``O_NONBLOCK`` and refused unless
+``ModelSource`` is the local file.  It is opened with ``O_NONBLOCK`` and refused unless
 ``fstat`` says it is a regular file: a FIFO given as MODEL is refused before anything reads
 it, instead of blocking the mount forever.
-
-The local file as served: opened once, read with bounds the header promised.
 
 Reads use ``os.pread`` / ``os.preadv`` on one descriptor rather than slices of an mmap: a
 page of a map that the file no longer has kills the process with SIGBUS, which Python cannot
@@ -37,7 +27,7 @@ The model is promised immutable while mounted; what happens when it is not (docs
 - any other size or mtime (truncated, grown, rewritten in place, copied over): no byte can
   be vouched for -- a file that shrank may have been rewritten before it was cut, whatever
   its first bytes still say -- so every read of the file fails with EIO until it is
-  remounted (SPEC §5);
+  remounted;
 - renamed over or deleted: the descriptor still holds the file as mounted, which keeps
   serving, consistent; the log says so once (checked at most every ``PATH_CHECK_S``).
 
@@ -53,6 +43,7 @@ import resource
 import stat
 import threading
 import time
+from abc import ABC, abstractmethod
 
 from tensorfs import status
 from tensorfs.errors import ModelError
@@ -65,6 +56,8 @@ PATH_CHECK_S = 1.0              # how often the path is checked for a rename-rep
 
 class SourceError(OSError):
     """The model file no longer holds the bytes it held at mount time."""
+
+    logged = False      # True once the source has logged it (the FUSE layer then does not)
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int]:
@@ -169,8 +162,78 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-class ModelSource:
-    version = None              # a local file is watched for changes instead (above)
+class Source(ABC):
+    """One model file as served.  Every source has a ``name``, a ``size`` and the reads;
+    the rest has a default here, which a source overrides where it can do more."""
+
+    #: what pins the bytes: an ETag, S3 version id or Hub commit for a remote object; None
+    #: for a local file, which is watched for changes instead
+    version: str | None = None
+    #: why no byte of it is served any more (it changed under the mount), or None
+    broken: str | None = None
+    #: a parser's growing prefix grows by at most this much per read (a remote file: what a
+    #: mount fetches before the header is known), None for no limit
+    prefix_step: int | None = None
+    #: its bytes come over a network: a read may wait on a server, ``abort()`` ends the
+    #: waits, ``blocks`` is its block cache (``tensorfs.blockcache.BlockReader``)
+    remote: bool = False
+    blocks = None
+
+    #: how it is shown: a path, or a URL without credentials
+    name: str
+    #: the bytes it has, as at open time
+    size: int
+
+    @abstractmethod
+    def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
+        """Fill the writable buffer ``buf`` with exactly the bytes at ``offset`` (inside
+        ``size``); anything else is a ``SourceError`` (EIO in the mount).  ``span``: the
+        extent the reader reads in, a hint for read-ahead."""
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` (``read_into`` into a new buffer)."""
+        if size <= 0:
+            return b""
+        buf = bytearray(size)
+        self.read_into(offset, buf)
+        return bytes(buf)
+
+    @abstractmethod
+    def stat(self):
+        """Owner, size and mtime to show on the mount's files (an ``os.stat_result`` or an
+        object with its ``st_*`` fields)."""
+
+    @property
+    def local_fd(self) -> int | None:
+        """The descriptor holding the file's bytes at their own offsets, for a reader that
+        is given the descriptor rather than the bytes (splice, FUSE passthrough; a memory
+        map): a local file's; None for any other source."""
+        return None
+
+    def vouch(self, offset: int = 0, size: int = 0) -> None:
+        """Raise ``SourceError`` unless ``[offset, offset + size)`` still holds the bytes
+        as at open time; called before ``local_fd`` is read from."""
+        if self.broken:
+            raise SourceError(errno.EIO, f"{self.name}: {self.broken}")
+
+    def start(self, served_once: bool = True) -> None:
+        """Called in the daemon after the fork (a remote source reopens its transport
+        there: an event loop thread does not survive a fork).  ``served_once``: each byte
+        is served through one file of the mount only, so the kernel's page cache keeps
+        what was served; False where files/ serves the tensors' bytes again."""
+
+    def end_parse(self, extents: list[tuple[int, int]]) -> None:
+        """The parse is over; ``extents`` are the tensors' ``(offset, nbytes)``.  A source
+        that kept the bytes the parse read lets them go."""
+
+    def abort(self) -> None:
+        """End the reads waiting on this source now (EIO): the mount is detached."""
+
+    def close(self) -> None:
+        """Let go of what it holds."""
+
+
+class ModelSource(Source):
 
     def __init__(self, path: str, expected_size: int | None = None, within: str | None = None):
         self.path = path
@@ -201,8 +264,9 @@ class ModelSource:
     def stat(self) -> os.stat_result:
         return os.fstat(self.fd)
 
-    def start(self) -> None:
-        pass
+    @property
+    def local_fd(self) -> int:
+        return self.fd
 
     def read(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (the caller keeps inside the promised size)."""
@@ -215,7 +279,7 @@ class ModelSource:
         self._verify(offset, size)
         return data
 
-    def read_into(self, offset: int, buf) -> int:
+    def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
         """Fill the writable buffer ``buf`` with the bytes at ``offset``: one copy, from the
         page cache straight into ``buf`` (the GIL is released while the kernel copies)."""
         size = len(buf)

@@ -20,10 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensorfs.errors import printable
-from tensorfs.facts import (NUMBER_WIDTH, ZERO_SCALE, Progress, Scratch, Table, cpu_count, cut,
-                            fmt, json_number, ldexp_or_inf, no_tensor_named, open_model,
-                            read_into, run_ordered, scale_down, scale_of, shown_name,
-                            source_of, stored_order, tasks_of, values_of, wants_aligned)
+from tensorfs.facts import (NUMBER_WIDTH, ZERO_SCALE, Progress, Scratch, Table, cut, fmt,
+                            json_number, ldexp_or_inf, no_tensor_named, open_model, run_ordered,
+                            scale_down, scale_of, source_of, stored_order, tasks_of, values_of,
+                            wants_aligned)
+from tensorfs.factsplot import plot_stats
+from tensorfs.urls import shown_name
+from tensorfs.workers import usable_cpus
 
 
 @dataclass
@@ -172,7 +175,7 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
                 progress: Progress | None = None, on_tensor=None) -> list[TensorStats]:
     """Stats of the tensors named (all by default), in stored order; ``on_tensor(stats)``
     is called as each one is done, in that order."""
-    workers = workers or cpu_count()
+    workers = workers or usable_cpus()
     tensors = select(opened, names)
     how = [values_of(t) for t in tensors]
     results: list[TensorStats] = [TensorStats(t.name, t.dtype, t.shape, Moments() if v.exists
@@ -190,7 +193,7 @@ def model_stats(opened, names: list[str] | None = None, workers: int | None = No
         for piece in task:
             t, v = tensors[piece.index], how[piece.index]
             raw = scratch.get("raw", piece.nbytes, np.uint8)
-            read_into(source_of(opened, t), t.offset + piece.start, memoryview(raw))
+            source_of(opened, t).read_into(t.offset + piece.start, memoryview(raw))
             with np.errstate(all="ignore"):     # a conversion's Inf/NaN is counted, not warned
                 values = v.of(raw, scratch.get("f32", piece.count, np.float32))[:piece.count]
             out.append((piece, moments(values, scratch)))
@@ -254,8 +257,6 @@ def run(args, out=None) -> int:
         out.write("\n")
     out.flush()
     if args.plot:
-        from tensorfs.factsplot import plot_stats
-
         plot_stats(results, shown_name(args.model), args.plot)
     return 0
 

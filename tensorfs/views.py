@@ -1,5 +1,6 @@
-"""Byte sources: everything a file in the mount can be.  Each has a ``size`` and
-``read(offset, size) -> bytes``; none knows about FUSE or about the tree it sits in.
+"""Views: everything a file in the mount can be.  Each is a ``View`` (declared below): a
+``size`` and ``read(offset, size) -> bytes``; none knows about FUSE or about the tree it
+sits in.
 
 - ``RawView``: a byte range of the model file, served as stored.
 - ``GeneratedView``: content made on first use and kept in the shared LRU cache in blocks
@@ -14,7 +15,8 @@ so that ``ls -l`` needs no lookup per file) or may have to generate content firs
 
 Each also has ``read_into(offset, buf) -> n``: the same bytes written into a writable buffer
 (the one the FUSE reply is sent from), so that the hot path builds no bytes object and copies
-once — see docs/serving.md.  ``fill_from(view, offset, buf)`` gives any view that interface.
+once — see docs/serving.md.  ``View.read_into`` copies ``read`` for a view that has no
+faster way.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import logging
 import os
 import threading
 import weakref
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Hashable
 
 import numpy as np
 from numpy.lib import format as npy_format
 
+from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
-from tensorfs.source import ModelSource
+from tensorfs.source import Source
 from tensorfs.workers import START_WORK_BYTES, WorkerPool, paying_size
 
 log = logging.getLogger("tensorfs")
@@ -44,24 +48,53 @@ def _clip(offset: int, size: int, total: int) -> tuple[int, int]:
     return offset, min(size, total - offset)
 
 
-def fill_from(view, offset: int, buf: memoryview) -> int:
-    """``view.read_into`` when it has one, else ``read`` copied into ``buf``."""
-    read_into = getattr(view, "read_into", None)
-    if read_into is not None:
-        return read_into(offset, buf)
-    return _copy_into(buf, view.read(offset, len(buf)))
-
-
 def _copy_into(buf: memoryview, data) -> int:
     n = min(len(buf), len(data))
     buf[:n] = memoryview(data)[:n]
     return n
 
 
-class RawView:
-    cheap_size = True
+class View(ABC):
+    """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
+    default here, which a view overrides where it can do more."""
 
-    def __init__(self, source: ModelSource, offset: int, nbytes: int):
+    #: ``size`` costs next to nothing (a listing then gives it unasked); False where it may
+    #: have to generate content first
+    cheap_size: bool = True
+    #: the file's own mtime, or None for the mount's
+    mtime_ns: int | None = None
+    #: the file's own (mode bits, uid, gid) -- a local file of files/ keeps its source's --
+    #: or None for the mount's
+    owner: tuple[int, int, int] | None = None
+    size: int
+
+    @abstractmethod
+    def read(self, offset: int, size: int) -> bytes:
+        """At most ``size`` bytes at ``offset`` (fewer past the end)."""
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        """The same bytes written into the writable buffer ``buf``; how many."""
+        return _copy_into(buf, self.read(offset, len(buf)))
+
+    def open(self) -> int | None:
+        """Called at each open: raise to refuse it (a file changed since the mount: EIO);
+        a descriptor holding all of the file's bytes at their own offsets, for the kernel
+        to read itself (FUSE passthrough), or None."""
+        return None
+
+    def read_fd(self, offset: int, size: int) -> tuple[int, int, int] | None:
+        """(descriptor, offset in it, count) of the bytes at ``offset``, checked as a read
+        would be, for a reply that names them rather than copying them (splice); None
+        where they are not in a local file."""
+        return None
+
+
+class RawView(View):
+    """A byte range of a source, served as stored."""
+
+    _span = None        # read-ahead stays inside the tensor the range is (blockcache)
+
+    def __init__(self, source: Source, offset: int, nbytes: int):
         self.source = source
         self.offset = offset
         self.size = nbytes
@@ -72,24 +105,17 @@ class RawView:
 
     def read_into(self, offset: int, buf: memoryview) -> int:
         offset, size = _clip(offset, len(buf), self.size)
-        return self.source.read_into(self.offset + offset, buf[:size]) if size else 0
-
-    # A local file's bytes are named, not copied: tensorfs.fuse3 replies with the descriptor
-    # and offset (splice), so a raw read never passes through Python (benchmark W3).
-    def _local_fd(self) -> int | None:
-        fd = getattr(self.source, "fd", None)
-        return fd if isinstance(fd, int) and hasattr(self.source, "vouch") else None
+        return self.source.read_into(self.offset + offset, buf[:size],
+                                     span=self._span) if size else 0
 
     def open(self) -> None:
         """A file changed since the mount is refused at open (EIO), as at a read."""
-        vouch = getattr(self.source, "vouch", None)
-        if vouch is not None:
-            vouch()
+        self.source.vouch()
 
+    # A local file's bytes are named, not copied: tensorfs.fuse3 replies with the descriptor
+    # and offset (splice), so a raw read never passes through Python (benchmark W3).
     def read_fd(self, offset: int, size: int):
-        """(descriptor, offset in it, count) of the bytes at ``offset``, checked as a read
-        would be; None for a source that is not a local file."""
-        fd = self._local_fd()
+        fd = self.source.local_fd
         if fd is None:
             return None
         offset, size = _clip(offset, size, self.size)
@@ -144,7 +170,7 @@ class _Cursor:
         return block
 
 
-class GeneratedView:
+class GeneratedView(View):
     """Content made by ``produce()`` -- bytes, or an iterable of bytes pieces (metadata.json,
     a vocabulary's text) -- kept in the shared LRU in blocks of ``GENERATED_BLOCK``.
 
@@ -285,7 +311,7 @@ def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
-class NpyView:
+class NpyView(View):
     """An .npy file: header + the data view.  The header is built on first use, so a tree
     of 100k tensors costs nothing per tensor until one is looked at."""
 
@@ -326,10 +352,10 @@ class NpyView:
         if size == 0:
             return 0
         if offset >= len(header):
-            return fill_from(self.data, offset - len(header), buf[:size])
+            return self.data.read_into(offset - len(header), buf[:size])
         n = _copy_into(buf[:size], memoryview(header)[offset:])
         if n < size:
-            n += fill_from(self.data, 0, buf[n:size])
+            n += self.data.read_into(0, buf[n:size])
         return n
 
 
@@ -338,12 +364,8 @@ class NpyView:
 # converts little it does not need.
 CHUNK_OUTPUT_BYTES = 1 << 20
 
-# Chunks converted for sequential readers (and ahead of them) live in a small store of their
-# own, at most this many bytes (and at most a quarter of --cache-size): the kernel's page
-# cache keeps what they served, so holding a whole tensor's chunks would only cost memory
-# and, worse, fresh memory: touching new pages costs more than converting into recycled ones
-# (docs/serving.md).  Random reads use the shared LRU.
-STREAM_BYTES = 16 << 20
+# Chunks converted for sequential readers (and ahead of them) live in a store of their own,
+# the budget's ``stream`` (tensorfs.budget); random reads use the shared LRU.
 # A sequential reader gets this many chunks converted ahead of it, by this many workers
 # (one per core, at most two: more only queue behind the GIL).  Benchmark rows 4 and 6.
 READ_AHEAD_CHUNKS = 2
@@ -402,37 +424,23 @@ class _Chunk:
             pass
 
 
-_streams: "weakref.WeakKeyDictionary[ByteLRU, ByteLRU]" = weakref.WeakKeyDictionary()
-_streams_lock = threading.Lock()
-
-
-def _stream_cache(cache: ByteLRU) -> ByteLRU:
-    """The stream store that goes with a mount's shared cache."""
-    with _streams_lock:
-        store = _streams.get(cache)
-        if store is None:
-            store = _streams[cache] = ByteLRU(max(CHUNK_OUTPUT_BYTES * 4,
-                                                  min(STREAM_BYTES, cache.max_bytes // 4)))
-        return store
-
-
-def worker_pool(workers: int | None, cache: ByteLRU) -> WorkerPool | None:
+def worker_pool(workers: int | None, budget: MemoryBudget) -> WorkerPool | None:
     """The conversion workers of a mount (tensorfs.workers): ``workers`` of them, started by
     the first costly conversion; or, by default (None), as many as pay on this machine now
     (none on 2 CPUs), started only by a conversion of a tensor large enough to pay for their
     start (the mount also starts them ahead, ``MountedModel.start``).  The pool's slots
-    are chunks: as many as the shared cache and the stream store hold."""
+    are chunks: as many as the budget's caches hold."""
     if workers is None:
         size, start_work = paying_size(), START_WORK_BYTES
     else:
         size, start_work = workers, 0
     if size <= 0:
         return None
-    held = cache.max_bytes + _stream_cache(cache).max_bytes
-    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=held, start_work=start_work)
+    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=budget.held_bytes,
+                      start_work=start_work)
 
 
-class ConvertedView:
+class ConvertedView(View):
     """A tensor's float32 conversion, computed lazily in block-aligned chunks.
 
     Costly conversions (K-quants, IQ types ...) keep their chunks in the shared LRU and a
@@ -446,14 +454,14 @@ class ConvertedView:
 
     cheap_size = True
 
-    def __init__(self, source: ModelSource, offset: int, nbytes: int, conversion,
-                 cache: ByteLRU, key: Hashable, n_elements: int, pool=None):
+    def __init__(self, source: Source, offset: int, nbytes: int, conversion,
+                 budget: MemoryBudget, key: Hashable, n_elements: int, pool=None):
         self.source = source
         self.pool = pool
         self.offset = offset
         self.nbytes = nbytes
         self.conversion = conversion
-        self.cache = cache
+        self.cache = budget.cache
         self.key = key
         self.size = n_elements * 4
         self.block_out = conversion.block_elems * 4
@@ -461,7 +469,7 @@ class ConvertedView:
         self.chunk_out = blocks_per_chunk * self.block_out
         self.chunk_in = blocks_per_chunk * conversion.block_bytes
         self._last_end = -1
-        self.stream = _stream_cache(cache) if conversion.costly else None
+        self.stream = budget.stream if conversion.costly else None
 
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:

@@ -48,7 +48,9 @@ import time
 from typing import NamedTuple
 
 from tensorfs.errors import ModelError
-from tensorfs.source import SourceError
+from tensorfs.location import DIRECTORY, LocalLocation
+from tensorfs.source import ModelSource, Source, SourceError
+from tensorfs.views import View
 
 log = logging.getLogger("tensorfs")
 
@@ -102,7 +104,7 @@ class Facts(NamedTuple):
 def owner_of(source) -> tuple[int, int, int] | None:
     """(mode, uid, gid) a served file of ``source`` shows, or None (the mount's own): a
     local file's, masked read-only; a remote one has no owner of its own."""
-    if not isinstance(getattr(source, "fd", None), int):
+    if source.local_fd is None:
         return None
     st = source.stat()
     return st.st_mode & READ_ONLY, st.st_uid, st.st_gid
@@ -252,9 +254,7 @@ class Companion:
         return None
 
     def _opened(self, source) -> None:
-        end_parse = getattr(source, "end_parse", None)      # a remote file: read-ahead may
-        if end_parse is not None:                            # run over the whole of it
-            end_parse([(0, source.size)])
+        source.end_parse([(0, source.size)])    # a remote file: read-ahead may run over all of it
         if self._started:
             source.start()
         self._source = source
@@ -309,8 +309,6 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     index; a directory's regular top-level files that are not model files, each name
     passing ``location.name_problem`` first.  Called before ``location.attach``: a source
     the parse read (the index) is taken over, not reopened."""
-    from tensorfs.location import DIRECTORY, LocalLocation
-
     model_paths = {f.path for f in model.files}
     if named in model_paths:
         return Companions()
@@ -335,7 +333,7 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
         notes.append((named, f"{more} more listed names that are not plain file names"))
     companions = []
     for name, path in paths:
-        source = location.opened.pop(path, None)
+        source = location.take(path)
         if local:
             companion = _local_companion(location, name, path, source)
             if isinstance(companion, str):
@@ -354,8 +352,6 @@ def _local_companion(location, name: str, path: str, source) -> Companion | str:
     """A local companion: opened now to check it (a regular file, where it may be) and
     note what it is, then closed: read, it is opened again (``Companion``).  Or why it is
     not served."""
-    from tensorfs.source import ModelSource
-
     within = location.named_beside.get(path)   # None: the user named it (an index)
     within = os.path.abspath(within) if within is not None else None
     path = os.path.abspath(path)                # the daemon works from "/"
@@ -373,11 +369,11 @@ def _local_companion(location, name: str, path: str, source) -> Companion | str:
 
 def _remote_opener(location, path: str):
     def open_it():
-        return location._open(path)             # not kept in ``location.opened``: ours
+        return location.take(path, open_it=True)      # this companion owns it now
     return open_it
 
 
-class WholeFileView:
+class WholeFileView(View):
     """One file of ``files/``: every byte of its source, with the source's mtime, and its
     owner and mode masked read-only where it has them (a local file).
 
@@ -386,7 +382,9 @@ class WholeFileView:
     itself; ``read_fd`` names the descriptor and offset of a range (splice); ``read_into``
     copies, checking the file after each read."""
 
-    def __init__(self, source=None, companion: Companion | None = None):
+    offset = 0
+
+    def __init__(self, source: Source | None = None, companion: Companion | None = None):
         self._source = source
         self._companion = companion
         self._mtime_ns: int | None = None
@@ -401,7 +399,7 @@ class WholeFileView:
                 yield source
 
     @property
-    def source(self):
+    def source(self) -> Source:
         return self._source if self._source is not None else self._companion.source()
 
     @property
@@ -425,18 +423,12 @@ class WholeFileView:
         """(mode, uid, gid) to show, or None for the mount's."""
         return self._companion.owner if self._companion is not None else self._owner
 
-    @staticmethod
-    def _local_fd(source) -> int | None:
-        fd = getattr(source, "fd", None)
-        return fd if isinstance(fd, int) and hasattr(source, "vouch") else None
-
     def open(self) -> int | None:
         with self._using() as source:
-            fd = self._local_fd(source)
+            fd = source.local_fd
             if fd is None:
-                broken = getattr(source, "broken", None)
-                if broken:
-                    raise SourceError(errno.EIO, f"{source.name}: {broken}")
+                if source.broken:
+                    raise SourceError(errno.EIO, f"{source.name}: {source.broken}")
                 return None
             source.vouch()
             # a companion's descriptor may be closed once no read holds it: only a model
@@ -447,7 +439,7 @@ class WholeFileView:
         if self._source is None:                # a companion: copied (its descriptor may
             return None                         # be closed under a reply naming it)
         source = self._source
-        fd = self._local_fd(source)
+        fd = source.local_fd
         if fd is None:
             return None
         total = source.size
@@ -463,7 +455,7 @@ class WholeFileView:
             if offset >= total or len(buf) == 0:
                 return 0
             size = min(len(buf), total - offset)
-            if hasattr(source, "blocks"):   # a remote file: read-ahead over the whole file,
+            if source.blocks is not None:   # a remote file: read-ahead over the whole file,
                 return source.read_into(offset, buf[:size], span=(0, total))    # not one tensor
             return source.read_into(offset, buf[:size])
 

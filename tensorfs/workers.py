@@ -617,6 +617,8 @@ def worker_main(argv: list[str]) -> int:
     arena = mmap.mmap(arena_fd, arena_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     os.close(arena_fd)
 
+    # in the worker, after its sockets and arena are set: a failed start says so before
+    # the imports' cost
     import numpy as np
 
     from tensorfs.convert import conversion_from_spec

@@ -15,14 +15,14 @@ import pytest
 from safetensors import safe_open
 
 import tensorfs
-from tests import safetensors_corpus
+from tests.support import safetensors_corpus
 from tests.conftest import run_tensorfs
-from tests.models import write_gguf, write_safetensors
-from tests.test_mount_converted import HAND_TYPES, ROWS, WRITER_TYPES, _blocks, _expected
-from tests.test_shards import write_hf_shards, write_split_gguf
-from tests import gguf_corpus
+from tests.support.models import write_gguf, write_safetensors
+from tests.support.quant_blocks import HAND_TYPES, ROWS, WRITER_TYPES, expected_values, type_blocks
+from tests.support.shards import write_hf_shards, write_split_gguf
+from tests.support import gguf_corpus
 
-import convert_reference     # tests/: the oracles for what gguf-py cannot dequantize
+from tests.support import convert_reference     # tests/: the oracles for what gguf-py cannot dequantize
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
 
 
@@ -131,10 +131,10 @@ def test_every_quantized_type_equals_gguf_dequantize_bit_for_bit(tmp_path):
     writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
     expected = {}
     for name in WRITER_TYPES:
-        blocks = _blocks(name, 3)
+        blocks = type_blocks(name, 3)
         tensor = f"blk.0.{name.lower()}.weight"
         writer.add_tensor(tensor, blocks, raw_dtype=gguf.GGMLQuantizationType[name])
-        expected[tensor] = _expected(name, blocks, (ROWS, 3 * GGML_TYPES_BY_NAME[name].block_size))
+        expected[tensor] = expected_values(name, blocks, (ROWS, 3 * GGML_TYPES_BY_NAME[name].block_size))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -158,12 +158,12 @@ def test_types_gguf_py_cannot_write_and_tensors_larger_than_a_slab(tmp_path, mon
     infos, data, expected = [], bytearray(), {}
     for name in HAND_TYPES + ["Q4_K"]:
         gt = GGML_TYPES_BY_NAME[name]
-        blocks = _blocks(name, 5)
+        blocks = type_blocks(name, 5)
         tensor = f"hand.{name.lower()}.weight"
         data += bytes(-len(data) % 32)
         infos.append((tensor, (5 * gt.block_size, ROWS), gt.id, len(data)))
         data += blocks.tobytes()
-        expected[tensor] = _expected(name, blocks, (ROWS, 5 * gt.block_size))
+        expected[tensor] = expected_values(name, blocks, (ROWS, 5 * gt.block_size))
     model = tmp_path / "hand.gguf"
     model.write_bytes(gguf_corpus.encode_gguf(tensors=infos, data=bytes(data)))
     # slabs of one block: the conversion loop's seams, on every tensor
@@ -198,6 +198,7 @@ def test_split_gguf_as_gguf_reader_reads_each_shard(tmp_path):
                 assert np.array_equal(m.array(t.name), tensors[t.name])
 
 
+@pytest.mark.slow
 def test_refused_models_raise_the_model_error_the_cli_prints(tmp_path):
     cases = {"empty": b"", "text": b"hello world\n" * 10,
              **{f"st-{n}": d for n, d in safetensors_corpus.MALFORMED[:20]}}

@@ -1,5 +1,5 @@
 """The block cache of remote files (tensorfs.blockcache, docs/remote.md), against a real nginx
-on 127.0.0.1 (tests/servers.py): the requests it makes are read from nginx's access log, the
+on 127.0.0.1 (tests/support/servers.py): the requests it makes are read from nginx's access log, the
 bytes it returns compared with the file's.  One request per block however many readers want
 it, adjacent missing blocks in one request, a small tensor whole, read-ahead that stays in
 the tensor, and the disk cache: bounded, private, reused by a later mount of the same
@@ -10,13 +10,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.servers import Nginx, parse_range
+from tests.support.servers import Nginx, parse_range
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("obstore") is None,
                                 reason="the remote extra is not installed")
@@ -72,7 +71,7 @@ def test_concurrent_readers_of_one_block_make_one_request(server, tmp_path):
             try:
                 barrier.wait()
                 got.append(source.read(at + 64 * i, 4096))
-            except Exception as error:       # noqa: BLE001 - reported below
+            except Exception as error:       # any exception: reported below
                 errors.append(error)
 
         threads = [threading.Thread(target=reader, args=(i,)) for i in range(16)]
@@ -240,7 +239,7 @@ def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
 
     from tensorfs.loader import load_model
     from tensorfs.remote import RemoteSettings
-    from tests.models import finish_gguf
+    from tests.support.models import finish_gguf
 
     nginx, _ = server
     path = tmp_path / "vocab.gguf"

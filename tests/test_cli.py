@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import safetensors_corpus
+from tests.support import safetensors_corpus
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.models import write_gguf, write_safetensors
 from tests.support import usage_error
+from tests.support.models import write_gguf, write_safetensors
 
 try:
-    from tests import gguf_corpus
+    from tests.support import gguf_corpus
     GGUF_MALFORMED = list(gguf_corpus.MALFORMED)
 except (ImportError, AttributeError):          # pragma: no cover - corpus not written yet
     GGUF_MALFORMED = []
@@ -147,6 +147,7 @@ def test_foreground_unmounts_cleanly_on_signal(tmp_path, sig):
 name_strategy = st.text(st.characters(codec="utf-8", exclude_characters="\ud800"), max_size=30)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(names=st.lists(name_strategy, min_size=1, max_size=25, unique=True),
        layout=st.sampled_from(["tree", "flat"]))

@@ -24,7 +24,9 @@ import pytest
 
 from tests.conftest import fuse_mounts_under
 
-from reliability_models import alive, daemon_pid, npy_bytes, write_mixed_gguf
+from tests.support.reliability_models import alive, daemon_pid, npy_bytes, write_mixed_gguf
+
+pytestmark = pytest.mark.slow     # every test here runs for seconds
 
 DURATION_S = float(os.environ.get("TENSORFS_CONCURRENCY_S", "30"))
 READERS = 8

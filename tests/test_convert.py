@@ -2,7 +2,7 @@
 
 Oracles: gguf-py's ``gguf.quants.dequantize`` for every GGML type it implements; ml_dtypes
 upcasts for BF16 and the 8-bit floats; for the GGML types gguf-py lacks (Q8_1, Q8_K, Q1_0,
-Q2_0) the scalar loops of tests/convert_reference.py, written from ggml's C code.
+Q2_0) the scalar loops of tests/support/convert_reference.py, written from ggml's C code.
 Comparisons are on the float32 *bits* (``.view(np.uint32)``), NaNs included.
 """
 
@@ -25,8 +25,8 @@ from tensorfs.convert import Conversion, conversion_for, ggml, raw_only_reason
 from tensorfs.dtypes import GGML_TYPES_BY_NAME, SAFETENSORS_DTYPES
 from tensorfs.model import TensorInfo
 
-import convert_reference
-from quant_blocks import SCALE_FIELDS, oracle, random_blocks
+from tests.support import convert_reference
+from tests.support.quant_blocks import SCALE_FIELDS, oracle, random_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 

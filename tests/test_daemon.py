@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 
 from tests.conftest import RUNTIME_DIR, TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
-from reliability_models import slow_filesystem
 from tests.support import alive, direct_read, usage_error, wait_for
-from tests.support.users import IS_ROOT, User, needs_users  # noqa: F401 (users: a conftest fixture)
+from tests.support.reliability_models import slow_filesystem
+from tests.support.users import IS_ROOT, User, needs_users
 
 
 
@@ -484,7 +484,7 @@ def test_allowed_options_reach_the_mount_read_only(tmp_path, mount):
     model = tmp_path / "m.safetensors"
     write_safetensors(model)
     mnt = mount(model, "-o", "allow_other,default_permissions,fsname=my-model,dev,suid,noatime")
-    line = next(l for l in open("/proc/self/mountinfo") if f" {mnt} " in l)
+    line = next(m for m in open("/proc/self/mountinfo") if f" {mnt} " in m)
     mount_opts, super_opts = line.split()[5].split(","), line.split(" - ")[1].split()
     assert "ro" in mount_opts and "nodev" in mount_opts and "nosuid" in mount_opts
     assert super_opts[:2] == ["fuse.tensorfs", "my-model"]
@@ -571,7 +571,7 @@ def test_mount_the_way_mount_fuse3_runs_it(tmp_path):
                                 timeout=120, cwd="/")
         assert result.returncode == 0 and result.stderr == "", result.stderr
         try:
-            line = next(l for l in open("/proc/self/mountinfo") if f" {mnt} " in l)
+            line = next(m for m in open("/proc/self/mountinfo") if f" {mnt} " in m)
             assert {"ro", "nodev", "nosuid"} <= set(line.split()[5].split(","))
             assert line.split(" - ")[1].startswith("fuse.tensorfs ")
             assert (mnt / "lm_head" / "weight").read_bytes() == tensors["lm_head.weight"].tobytes()

@@ -12,10 +12,10 @@ import gguf
 import numpy as np
 import pytest
 
-from quant_blocks import oracle, random_blocks
-from tests import safetensors_corpus
+from tests.support.quant_blocks import oracle, random_blocks
+from tests.support import safetensors_corpus
 from tests.conftest import run_tensorfs
-from tests.facts_models import write_every_type_gguf
+from tests.support.facts_models import write_every_type_gguf
 
 LAYERS = 4
 KINDS = ("attn_q", "attn_k", "ffn_down")

@@ -19,10 +19,10 @@ import pytest
 import xxhash
 
 from tests.conftest import run_tensorfs
-from tests.facts_models import (write_every_type_gguf, write_every_type_safetensors,
+from tests.support.facts_models import (write_every_type_gguf, write_every_type_safetensors,
                                 write_hand_gguf)
-from tests.models import write_safetensors
-from tests.test_shards import write_hf_shards, write_split_gguf
+from tests.support.models import write_safetensors
+from tests.support.shards import write_hf_shards, write_split_gguf
 
 LLAMA_NAMESPACE = bytes.fromhex("ef001206dadc5f6da15f3359e577d4e5")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_tensorfs
-from tests.facts_models import (write_every_type_gguf, write_every_type_safetensors,
+from tests.support.facts_models import (write_every_type_gguf, write_every_type_safetensors,
                                 write_hand_gguf)
 
 

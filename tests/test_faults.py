@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
-from tests.models import write_safetensors
+from tests.support.reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
+from tests.support.models import write_safetensors
 from tests.support import (EIO, alive, daemon_pid, direct_read, fuse_mounts_under, read_errno,
                            run_tensorfs, wait_for, waiting_on_fuse)
 
@@ -261,6 +261,7 @@ def slow_dir(tmp_path_factory):
         yield dirs
 
 
+@pytest.mark.slow
 def test_source_on_a_slow_filesystem(tmp_path, slow_dir, mount):   # mount goes first
     src, slow = slow_dir
     exp = write_mixed_gguf(src / "model.gguf")
@@ -330,7 +331,7 @@ def test_cost_of_the_change_check(tmp_path, capsys):
                 subprocess.run(["fusermount", "-u", str(mnt)], check=True)
                 proc.wait(30)
     on, off = max(rates["on"]), max(rates["off"])
-    per_request_us = lambda rate: (128 << 10) / (rate * 2**20) * 1e6   # noqa: E731
+    per_request_us = lambda rate: (128 << 10) / (rate * 2**20) * 1e6   # noqa: E731 (a one-line formula)
     with capsys.disabled():
         print(f"\n[change check] 256 MiB raw, sequential, best of 4: with fstat {on:.0f} MiB/s "
               f"({per_request_us(on):.1f} us per 128 KiB request), without {off:.0f} MiB/s "

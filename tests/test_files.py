@@ -21,8 +21,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import tensorfs
-from tests.models import write_gguf, write_safetensors
-from tests.test_shards import INDEX, write_hf_shards, write_split_gguf
+from tests.support.models import write_gguf, write_safetensors
+from tests.support.shards import write_hf_shards, write_split_gguf
 
 
 def _model_dir(tmp_path: Path, form: str) -> tuple[Path, list[Path]]:

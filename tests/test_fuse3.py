@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 from tests.conftest import run_tensorfs
 from tests.support import usage_error
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
 
 def _many_tensors(path, n: int) -> dict:

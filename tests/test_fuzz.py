@@ -18,7 +18,6 @@ The parser test modules already mutate bytes at random; this module adds what th
 from __future__ import annotations
 
 import os
-import random
 import struct
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from hypothesis import strategies as st
 
 from fuzz import check as fz
 from tensorfs.errors import ModelError
+
+pytestmark = pytest.mark.slow     # every test here runs for seconds
 
 REGRESSIONS = Path(__file__).with_name("regressions")
 GGUF_SEEDS = fz.gguf_seeds()
@@ -300,8 +301,8 @@ def test_atheris_entry_point_runs(tmp_path):
 
 def _limit_cases():
     """(format, kind, what is refused, file bytes): one file per way a file is refused."""
-    from tests import gguf_corpus as g
-    from tests import safetensors_corpus as s
+    from tests.support import gguf_corpus as g
+    from tests.support import safetensors_corpus as s
 
     big = 2**64 - 1
     ok = [("general.architecture", g.STR, "llama")]

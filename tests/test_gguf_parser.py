@@ -1,7 +1,7 @@
 """The GGUF parser against the reference implementation (no FUSE).
 
 Oracles: files written by gguf-py's ``GGUFWriter`` (little- and big-endian) and read back by
-``gguf.GGUFReader``; v1 files and malformed files come from ``tests/gguf_corpus.py``, whose
+``gguf.GGUFReader``; v1 files and malformed files come from ``tests/support/gguf_corpus.py``, whose
 writer lays bytes out exactly as told.
 """
 
@@ -11,7 +11,6 @@ import itertools
 import math
 import os
 import struct
-import sys
 import time
 
 import gguf
@@ -22,15 +21,13 @@ from gguf import GGUFEndian, GGUFValueType as VT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tests.support import gguf_corpus as corpus
 
-import gguf_corpus as corpus  # noqa: E402
-
-from tensorfs.dtypes import GGML_TYPES  # noqa: E402
-from tensorfs.errors import GGUFError  # noqa: E402
-from tensorfs.formats import NeedMoreBytes  # noqa: E402
-from tensorfs.formats.gguf import KINDS, MAX_ARRAY_DEPTH, looks_like_gguf, parse_gguf  # noqa: E402
-from tensorfs.model import ModelFile  # noqa: E402
+from tensorfs.dtypes import GGML_TYPES
+from tensorfs.errors import GGUFError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats.gguf import KINDS, MAX_ARRAY_DEPTH, looks_like_gguf, parse_gguf
+from tensorfs.model import ModelFile
 
 ENDIANS = {"little": GGUFEndian.LITTLE, "big": GGUFEndian.BIG}
 TYPE_NAMES = {VT.UINT8: "uint8", VT.INT8: "int8", VT.UINT16: "uint16", VT.INT16: "int16",

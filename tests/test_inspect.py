@@ -14,10 +14,10 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests import safetensors_corpus
+from tests.support import safetensors_corpus
 from tests.conftest import run_tensorfs
-from tests.models import write_gguf
-from tests.test_shards import write_hf_shards, write_split_gguf
+from tests.support.models import write_gguf
+from tests.support.shards import write_hf_shards, write_split_gguf
 
 
 def _inspect(model) -> str:

@@ -21,11 +21,11 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.conftest import run_tensorfs
+from tests.support.libfuse import ROOT, SOURCES
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow     # every test here runs for seconds
+
 BUILD = ROOT / "build" / "libfuse"
-# ../shared/libfuse beside the clone (CI); TENSORFS_LIBFUSE_SOURCES names another place.
-SOURCES = Path(os.environ.get("TENSORFS_LIBFUSE_SOURCES") or ROOT.parent / "shared" / "libfuse")
 
 # (name, version built, file the daemon must map)
 CASES = [("3.10.5", "3.10.5", "3.10.5/libfuse3.so.3.10.5"),

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests.conftest import fuse_mounts_under, run_tensorfs
-from tests.models import GGUF_ARRAYS, GGUF_KV
+from tests.support.models import GGUF_ARRAYS, GGUF_KV
 
 GV = gguf.GGUFValueType
 TOKENS = ["<s>", "hello", "a\nb", "back\\slash", "tab\there", "\r\n", "nul\x00", "\x7f", "",
@@ -146,8 +146,9 @@ def _assert_shortest_float(text: str, value: float, width) -> None:
 
 def test_scalars_read_with_cat(gguf_mount):
     _, (mnt, _, _) = gguf_mount
-    cat = lambda key: subprocess.run(["cat", mnt / "metadata" / key], capture_output=True,
-                                     check=True).stdout
+    def cat(key):
+        return subprocess.run(["cat", mnt / "metadata" / key], capture_output=True,
+                              check=True).stdout
     assert cat("general.architecture") == b"llama\n"
     assert cat("test.string") == "héllo\nworld\n".encode()
     assert cat("test.u64") == b"18446744073709551615\n"

@@ -17,35 +17,13 @@ from tensorfs.convert import conversion_for
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
 from tensorfs.loader import load_model
 from tensorfs.views import CHUNK_OUTPUT_BYTES
-from tests import gguf_corpus, safetensors_corpus
+from tests.support import gguf_corpus, safetensors_corpus
 from tests.conftest import run_tensorfs
 
-from reliability_models import wait_for
+from tests.support.reliability_models import wait_for
 
-from quant_blocks import oracle, random_blocks
-
-WRITER_TYPES = ["BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                "Q6_K", "Q8_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
-                "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0"]
-# gguf-py's writer has no (or a wrong) size for these: written with our own encoder
-HAND_TYPES = ["Q8_1", "Q2_0"]
-ROWS = 3
-
-
-def _blocks(name: str, blocks_per_row: int) -> np.ndarray:
-    rng = np.random.default_rng(sum(map(ord, name)))
-    gt = GGML_TYPES_BY_NAME[name]
-    if name == "BF16":
-        values = rng.standard_normal(ROWS * blocks_per_row).astype(ml_dtypes.bfloat16)
-        return values.view(np.uint8).reshape(ROWS, -1)
-    return random_blocks(name, ROWS * blocks_per_row, rng, raw_tail=0).reshape(ROWS, -1)
-
-
-def _expected(name: str, blocks: np.ndarray, shape) -> np.ndarray:
-    if name == "BF16":
-        return (blocks.reshape(-1).view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return oracle(name, blocks.reshape(-1)).reshape(shape)
-
+from tests.support.quant_blocks import (HAND_TYPES, ROWS, WRITER_TYPES, expected_values,
+                                        type_blocks)
 
 @pytest.fixture(scope="module", params=["2", "0"], ids=["workers2", "workers0"])
 def converted_mount(tmp_path_factory, request):
@@ -58,10 +36,10 @@ def converted_mount(tmp_path_factory, request):
         # the big ones cross several converted chunks
         per_row = max(1, (3 * CHUNK_OUTPUT_BYTES // 4) // gt.block_size // ROWS + 1) if name in (
             "Q4_K", "Q8_0", "BF16", "Q6_K") else 3
-        blocks = _blocks(name, per_row)
+        blocks = type_blocks(name, per_row)
         tensor = f"blk.0.{name.lower()}.weight"
         writer.add_tensor(tensor, blocks, raw_dtype=gguf.GGMLQuantizationType[name])
-        expected[tensor] = _expected(name, blocks, (ROWS, per_row * gt.block_size))
+        expected[tensor] = expected_values(name, blocks, (ROWS, per_row * gt.block_size))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -70,12 +48,12 @@ def converted_mount(tmp_path_factory, request):
     infos, data = [], bytearray()
     for name in HAND_TYPES:
         gt = GGML_TYPES_BY_NAME[name]
-        blocks = _blocks(name, 2)
+        blocks = type_blocks(name, 2)
         tensor = f"hand.{name.lower()}.weight"
         data += bytes(-len(data) % 32)
         infos.append((tensor, (2 * gt.block_size, ROWS), gt.id, len(data)))
         data += blocks.tobytes()
-        expected[tensor] = _expected(name, blocks, (ROWS, 2 * gt.block_size))
+        expected[tensor] = expected_values(name, blocks, (ROWS, 2 * gt.block_size))
     (base / "hand.gguf").write_bytes(gguf_corpus.encode_gguf(tensors=infos, data=bytes(data)))
 
     mounts = {}
@@ -187,7 +165,8 @@ def test_safetensors_bf16_and_fp8_views_equal_ml_dtypes_upcasts(tmp_path, mount)
         assert np.array_equal(_bits(loaded), _bits(want)), name
     e8m0 = bytes(range(256))
     model2 = tmp_path / "e8m0.safetensors"
-    model2.write_bytes(safetensors_corpus.build([("s", safetensors_corpus.tensor("F8_E8M0", [256], 0, 256))], data=e8m0))
+    model2.write_bytes(safetensors_corpus.build(
+        [("s", safetensors_corpus.tensor("F8_E8M0", [256], 0, 256))], data=e8m0))
     mnt2 = mount(model2)
     loaded = np.load(mnt2 / "s.npy")
     want = np.array([2.0 ** (e - 127) for e in range(255)] + [np.nan], dtype=np.float32)

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import subprocess
 import threading
 
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import gguf
 
-from tests.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
+from tests.support.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
 
 TYPE_NAMES = {t: t.name.lower() for t in gguf.GGUFValueType}
 
@@ -180,7 +179,8 @@ def test_flat_layout(tmp_path, mount):
     arrays = write_gguf(path)
     mnt = mount(path, "--layout", "flat")
     names = sorted(os.listdir(mnt))
-    assert names == sorted(["header.bin", "metadata.json", "metadata", "files"] + list(arrays) + [n + ".npy" for n in arrays])
+    assert names == sorted(["header.bin", "metadata.json", "metadata", "files"] + list(arrays)
+                           + [n + ".npy" for n in arrays])
     for name, array in arrays.items():
         assert (mnt / name).read_bytes() == array.tobytes()
         assert np.array_equal(np.load(mnt / (name + ".npy")), array)

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 from safetensors import safe_open
 
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
 
 def test_tensors_read_back_as_safe_open_sees_them(tmp_path, mount):

@@ -10,7 +10,7 @@ import pytest
 
 from tensorfs import mountoptions
 from tensorfs.mountoptions import MAX_READ_LIMIT, MountOptions, OptionError, parse
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
 IS_ROOT = os.geteuid() == 0
 

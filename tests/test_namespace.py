@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from tensorfs.namespace import RESERVED_TOP_LEVEL, DirNode, Tree, tensor_paths
@@ -77,6 +78,7 @@ def _lazy_tree(names, layout):
     return tree
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(names_strategy, st.sampled_from(["tree", "flat"]), st.randoms(use_true_random=False))
 def test_lazy_tree_places_files_where_tensor_paths_says(names, layout, rng):

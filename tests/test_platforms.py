@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import fuse_mounts_under
-from tests.models import write_safetensors
+from tests.support.models import write_safetensors
 
 PRETEND = ("import platform, sys; platform.system = lambda: {system!r}; "
            "platform.machine = lambda: {machine!r}; "

@@ -10,7 +10,6 @@ import json
 import mmap
 import os
 import struct
-import sys
 import tempfile
 
 import numpy as np
@@ -20,17 +19,15 @@ import safetensors.numpy as st_numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tests.support.safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor
 
-from safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor  # noqa: E402
-
-from tensorfs.dtypes import SAFETENSORS_DTYPES  # noqa: E402
-from tensorfs.errors import SafetensorsError  # noqa: E402
-from tensorfs.formats import NeedMoreBytes  # noqa: E402
-from tensorfs.formats import safetensors as parser_module  # noqa: E402
-from tensorfs.formats.safetensors import (  # noqa: E402
+from tensorfs.dtypes import SAFETENSORS_DTYPES
+from tensorfs.errors import SafetensorsError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.formats import safetensors as parser_module
+from tensorfs.formats.safetensors import (
     ERROR_KINDS, MAX_HEADER_SIZE, looks_like_safetensors, parse_safetensors)
-from tensorfs.model import ModelFile  # noqa: E402
+from tensorfs.model import ModelFile
 
 NUMPY_DTYPES = {
     np.bool_: "BOOL", np.uint8: "U8", np.int8: "I8", np.uint16: "U16", np.int16: "I16",

@@ -13,7 +13,7 @@ import pytest
 
 from tensorfs.location import MAX_NAME_BYTES, name_problem
 from tensorfs.shards import MAX_SHARDS
-from tests.test_shards import INDEX, _refused, one, write_gguf_shard, write_hf_shards, \
+from tests.support.shards import INDEX, refused_by_both, one, write_gguf_shard, write_hf_shards, \
     write_split_gguf
 
 # Names a hostile index may give, each a different way of leaving the directory or of
@@ -69,7 +69,7 @@ def test_an_index_naming_a_hostile_shard_is_refused_in_one_line(tmp_path, name):
     doc = json.loads(index.read_text())
     doc["weight_map"] = {tensor: name for tensor in doc["weight_map"]}
     index.write_text(json.dumps(doc))
-    line = _refused(tmp_path, index, "a shard must be a plain file name in the same directory")
+    line = refused_by_both(tmp_path, index, "a shard must be a plain file name in the same directory")
     assert "\n" not in line and "\x1b" not in line
 
 
@@ -80,7 +80,7 @@ def test_a_split_gguf_whose_siblings_would_have_hostile_names_is_refused(tmp_pat
         target = path.with_name(path.name.replace("model", "x%2e%2e", 1))
         os.replace(path, target)
         renamed.append(target)
-    _refused(tmp_path, renamed[0], "x%2e%2e-00002-of-00002.gguf", "percent-escape")
+    refused_by_both(tmp_path, renamed[0], "x%2e%2e-00002-of-00002.gguf", "percent-escape")
 
 
 def test_a_directory_listing_with_a_hostile_name_is_not_a_candidate(tmp_path):
@@ -88,7 +88,7 @@ def test_a_directory_listing_with_a_hostile_name_is_not_a_candidate(tmp_path):
     index, _, _ = write_hf_shards(d, 1)
     os.replace(index, d / ("%2e%2e" + "x.safetensors.index.json"))
     os.replace(d / "model-00001-of-00001.safetensors", d / "x%2Fy.safetensors")
-    _refused(tmp_path, d, "directory holds no", "2 left out", "percent-escape")
+    refused_by_both(tmp_path, d, "directory holds no", "2 left out", "percent-escape")
 
 
 def test_an_index_naming_more_shards_than_the_limit_is_refused_before_opening_any(tmp_path):
@@ -97,14 +97,14 @@ def test_an_index_naming_more_shards_than_the_limit_is_refused_before_opening_an
     weight_map = {f"t{i}": f"model-{i:06d}.safetensors" for i in range(MAX_SHARDS + 1)}
     (d / INDEX).write_text(json.dumps({"weight_map": weight_map}))
     # none of the shards exists: the count is refused first, not the missing files
-    _refused(tmp_path, d / INDEX, f"{MAX_SHARDS + 1} shards: at most {MAX_SHARDS}")
+    refused_by_both(tmp_path, d / INDEX, f"{MAX_SHARDS + 1} shards: at most {MAX_SHARDS}")
 
 
 def test_a_split_gguf_counting_more_shards_than_the_limit_is_refused(tmp_path):
     count = MAX_SHARDS + 1
     first = write_gguf_shard(tmp_path / f"x-00001-of-{count:05d}.gguf", one("a"), no=0,
                              count=count)
-    _refused(tmp_path, first, f"{count} shards: at most {MAX_SHARDS}")
+    refused_by_both(tmp_path, first, f"{count} shards: at most {MAX_SHARDS}")
 
 
 def test_plain_names_still_mount(tmp_path, mount):

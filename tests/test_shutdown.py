@@ -18,10 +18,12 @@ import time
 
 import pytest
 
-from reliability_models import slow_filesystem, write_mixed_gguf
+from tests.support.reliability_models import slow_filesystem, write_mixed_gguf
 from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
                            run_tensorfs, wait_for, waiting_on_fuse)
 from tests.support.bigmodels import write_sparse_safetensors
+
+pytestmark = pytest.mark.slow     # every test here runs for seconds
 
 
 def _clean(mnt) -> None:

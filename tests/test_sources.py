@@ -12,7 +12,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tests.conftest import run_tensorfs
-from tests.test_shards import INDEX, write_hf_shards
+from tests.support.shards import INDEX, write_hf_shards
 
 
 def _one_line(result) -> str:
@@ -66,7 +66,7 @@ def _model(path, value: float, names=("a.w", "b.w")):
 def test_a_file_renamed_over_the_path_during_the_parse_is_not_mixed_in(tmp_path):
     """The loader opens the file, then parses and serves that descriptor: another file put
     at the path in between (here: right after the open) is never read."""
-    from tensorfs.cache import ByteLRU
+    from tensorfs.budget import MemoryBudget
     from tensorfs.location import LocalLocation
     from tensorfs.mounttree import build_mount
     from tensorfs import shards
@@ -82,7 +82,7 @@ def test_a_file_renamed_over_the_path_during_the_parse_is_not_mixed_in(tmp_path)
     model = location.attach(shards.load(str(path), location))
     try:
         assert [t.name for t in model.tensors] == ["a.w", "b.w"]
-        mounted = build_mount(model, ByteLRU(1 << 20))
+        mounted = build_mount(model, MemoryBudget(1 << 20))
         source = mounted.sources[str(path)]
         tensor = model.tensors[0]
         data = np.frombuffer(source.read(tensor.offset, tensor.nbytes), np.float32)

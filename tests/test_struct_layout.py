@@ -14,7 +14,7 @@ import tarfile
 import pytest
 
 from tensorfs import fuse3
-from tests.test_libfuse_matrix import SOURCES
+from tests.support.libfuse import SOURCES
 
 # ctypes structure -> its C type; a ctypes field is the C member of the same name, and those
 # starting with "_" are padding or bit fields, which C does not name.

@@ -11,10 +11,10 @@ import gguf
 import numpy as np
 import pytest
 
-from tests import safetensors_corpus
+from tests.support import safetensors_corpus
 from tests.conftest import run_tensorfs
 from tests.support import usage_error
-from tests.models import finish_gguf
+from tests.support.models import finish_gguf
 
 
 def _model(tmp_path):

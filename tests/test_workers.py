@@ -21,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import safetensors_corpus
+from tests.support import safetensors_corpus
 from tests.conftest import run_tensorfs
 
-from reliability_models import npy_bytes, write_mixed_gguf
 from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
                            usage_error, wait_for)
+from tests.support.reliability_models import npy_bytes, write_mixed_gguf
 from tests.support.users import needs_users
+
+pytestmark = pytest.mark.slow     # every test here runs for seconds
 
 CONVERTED = ("b.q8_0.weight", "c.bf16.weight", "d.q4_k.weight")
 
@@ -397,7 +399,7 @@ def big_model(tmp_path_factory):
     """A Q4_K tensor whose view is START_WORK_BYTES, and its stored blocks."""
     import gguf
 
-    from quant_blocks import random_blocks
+    from tests.support.quant_blocks import random_blocks
     from tensorfs.workers import START_WORK_BYTES
 
     rows, cols = BIG_SHAPE
@@ -416,7 +418,7 @@ def big_model(tmp_path_factory):
 def _big_range_ok(mnt, blocks, first_block: int, n_blocks: int) -> bool:
     """The .npy view's values of blocks [first, first + n) against gguf-py, read with O_DIRECT
     (one request each, straight from the daemon)."""
-    from quant_blocks import oracle
+    from tests.support.quant_blocks import oracle
 
     want = oracle("Q4_K", blocks[first_block:first_block + n_blocks].reshape(-1))
     path = mnt / (BIG.replace(".", "/") + ".npy")
@@ -492,7 +494,7 @@ def test_workers_start_ahead_for_costly_work_and_a_read_meanwhile_converts_in_th
 
 
 def test_the_pool_owns_its_slots_starts_only_for_work_worth_it_and_takes_chunks_back():
-    from quant_blocks import oracle, random_blocks
+    from tests.support.quant_blocks import oracle, random_blocks
     from tensorfs.convert import conversion_from_spec
     from tensorfs.dtypes import GGML_TYPES_BY_NAME
     from tensorfs.workers import SPARE_SLOTS, WorkerPool

@@ -15,10 +15,10 @@ import gguf
 import pytest
 from safetensors import safe_open
 
-from tests.models import write_gguf, write_safetensors
 from tests.support import wait_for
 from tests.support.bigmodels import sha256_of_range, write_sparse_safetensors
-from tests.test_shards import write_hf_shards, write_split_gguf
+from tests.support.models import write_gguf, write_safetensors
+from tests.support.shards import write_hf_shards, write_split_gguf
 
 NAMES = ["user.tensorfs.dtype", "user.tensorfs.offset", "user.tensorfs.shape", "user.tensorfs.shard"]
 

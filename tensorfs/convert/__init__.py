@@ -49,21 +49,14 @@ class Conversion:
 
 
 # --- safetensors ----------------------------------------------------------------------------
-
-_SAFETENSORS_RAW_ONLY = {
-    "F4": "F4 (E2M1) element packing order (which nibble of a byte is the first element) is "
-          "not documented by the safetensors format",
-    "F6_E2M3": "F6_E2M3 element packing order (how four 6-bit elements fill three bytes) is "
-               "not documented by the safetensors format",
-    "F6_E3M2": "F6_E3M2 element packing order (how four 6-bit elements fill three bytes) is "
-               "not documented by the safetensors format",
-}
-
+# Which types convert, and how, is each type's line in tensorfs.dtypes; the kernels are here.
 
 def _safetensors(dtype: str) -> Conversion | None:
-    if dtype == "BF16":
-        return Conversion("BF16", 1, 2, False, floats.bf16_converter("<"), ("safetensors", dtype))
-    if dtype in floats.FP8_TABLES:
+    st = SAFETENSORS_DTYPES.get(dtype)
+    kernel = st.kernel if st is not None else None
+    if kernel == "bf16":
+        return Conversion(dtype, 1, 2, False, floats.bf16_converter("<"), ("safetensors", dtype))
+    if kernel == "fp8":
         return Conversion(dtype, 1, 1, False, floats.fp8_converter(dtype), ("safetensors", dtype))
     return None
 
@@ -72,35 +65,6 @@ def _safetensors(dtype: str) -> Conversion | None:
 
 _LE = np.dtype("<f2")
 _BE = np.dtype(">f2")
-
-# name -> (kernel factory taking the fp16 scale dtype | plain kernel, big-endian allowed).
-# Big-endian: gguf-py's scripts/gguf_convert_endian.py swaps the fp16 scale fields of Q4_0,
-# Q8_0 (d), Q4_K (d, dmin) and Q6_K (d) only; those are the ones whose BE layout is known.
-_OWN: dict[str, tuple[Callable, bool]] = {
-    "Q4_0": (ggml.q4_0, True),
-    "Q8_0": (ggml.q8_0, True),
-    "Q4_K": (ggml.q4_k, True),
-    "Q6_K": (ggml.q6_k, True),
-    "Q4_1": (ggml.q4_1, False),
-    "Q5_0": (ggml.q5_0, False),
-    "Q5_1": (ggml.q5_1, False),
-    "Q8_1": (ggml.q8_1, False),
-    "Q2_K": (ggml.q2_k, False),
-    "Q3_K": (ggml.q3_k, False),
-    "Q5_K": (ggml.q5_k, False),
-    "Q8_K": (ggml.q8_k, False),
-    "Q1_0": (ggml.q1_0, False),
-    "Q2_0": (ggml.q2_0, False),
-}
-_SCALE_PARAMETRIZED = {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}
-
-# gguf-py (0.19) implements these; MXFP4 and NVFP4 have only single-byte fields, so
-# gguf_convert_endian.py leaves them as they are (byteswap_noop) and BE files read the same.
-_GGUF_PY: dict[str, bool] = {
-    "IQ1_S": False, "IQ1_M": False, "IQ2_XXS": False, "IQ2_XS": False, "IQ2_S": False,
-    "IQ3_XXS": False, "IQ3_S": False, "IQ4_NL": False, "IQ4_XS": False,
-    "TQ1_0": False, "TQ2_0": False, "MXFP4": True, "NVFP4": True,
-}
 
 
 def _gguf_available() -> bool:
@@ -113,25 +77,23 @@ def _ggml(ggml_type: int, byte_order: str) -> tuple[Conversion | None, str | Non
         return None, f"unknown GGML type id {ggml_type}"
     if gt.numpy is not None:
         return None, None                         # numpy has it: served untouched
-    big = byte_order == ">"
+    if gt.kernel is None:
+        return None, f"no dequantization known for GGML type {gt.name}"
+    if byte_order == ">" and not gt.big_endian:
+        return None, _be_reason(gt.name)
     spec = ("ggml", ggml_type, byte_order)
-    if gt.name == "BF16":
+    if gt.kernel == "bf16":
         return Conversion("BF16", 1, 2, False, floats.bf16_converter(byte_order), spec), None
-    if gt.name in _OWN:
-        factory, be_ok = _OWN[gt.name]
-        if big and not be_ok:
-            return None, _be_reason(gt.name)
-        kernel = factory(_BE if big else _LE) if gt.name in _SCALE_PARAMETRIZED else factory
-        return Conversion(gt.name, gt.block_size, gt.type_size, True,
-                          ggml.blockwise(kernel, gt.type_size, gt.block_size), spec), None
-    if gt.name in _GGUF_PY:
-        if big and not _GGUF_PY[gt.name]:
-            return None, _be_reason(gt.name)
+    if gt.kernel == "gguf-py":
         if not _gguf_available():
             return None, f"{gt.name} dequantization needs the gguf package (gguf-py), not installed"
         return Conversion(gt.name, gt.block_size, gt.type_size, True,
                           longtail.gguf_converter(gt.id, gt.type_size, gt.block_size), spec), None
-    return None, f"no dequantization known for GGML type {gt.name}"
+    kernel = getattr(ggml, gt.name.lower())        # "ggml", "ggml-scaled": ours, by name
+    if gt.kernel == "ggml-scaled":
+        kernel = kernel(_BE if byte_order == ">" else _LE)
+    return Conversion(gt.name, gt.block_size, gt.type_size, True,
+                      ggml.blockwise(kernel, gt.type_size, gt.block_size), spec), None
 
 
 def _be_reason(name: str) -> str:
@@ -168,4 +130,4 @@ def raw_only_reason(tensor: TensorInfo) -> str | None:
         return f"unknown safetensors dtype {tensor.dtype}"
     if st.numpy is not None or _safetensors(tensor.dtype) is not None:
         return None
-    return _SAFETENSORS_RAW_ONLY.get(tensor.dtype, f"no conversion known for {tensor.dtype}")
+    return st.raw_only or f"no conversion known for {tensor.dtype}"

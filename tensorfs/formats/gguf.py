@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 import struct
 from itertools import repeat
-from typing import Callable
 
 import numpy as np
 
@@ -350,7 +349,8 @@ def _read_value(cur: _Cursor, type_id: int, key: str, type_at: int) -> MetadataV
         start = cur.pos
         type_name = _skip_array(cur, 1, key)
         n = cur._len(buf, start + 4)[0]
-        decode: Callable[[], object] = lambda: _decode_array(buf, start, order, v1)[0]
+        def decode() -> object:
+            return _decode_array(buf, start, order, v1)[0]
         return MetadataValue(type_name, decode, n)
     value = _scalar_json(type_id, cur.scalar(type_id, "value of metadata '{}'", key))
     return MetadataValue(GGUF_VALUE_TYPES[type_id][0], lambda: value, None)

@@ -21,6 +21,8 @@ from __future__ import annotations
 def transport_for(url: str, settings):
     """The one place a URL becomes a transport (ratarmount's factory, STYLE.md)."""
     scheme = url.split("://", 1)[0].lower()
+    # the one transport the URL needs: each pulls in its own extra (obstore, fsspec,
+    # huggingface_hub), which a mount of another kind never imports
     if scheme in ("http", "https"):
         from tensorfs.transports.http import HttpTransport
 

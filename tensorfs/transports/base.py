@@ -98,7 +98,7 @@ def bounded(fn, timeout: float, *args, **kwargs):
     def run():
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as error:      # noqa: BLE001 - handed to the waiting caller
+        except BaseException as error:      # any exception: handed to the waiting caller
             future.set_exception(error)
 
     threading.Thread(target=run, name="tensorfs-call", daemon=True).start()

@@ -109,7 +109,7 @@ class CloudTransport(Transport):
                                                                 extra=self._client_extra))
             except FetchError:
                 raise
-            except Exception as error:      # noqa: BLE001 - obstore's configuration errors
+            except Exception as error:      # any exception: obstore's configuration errors
                 raise ModelError("remote_options", f"cannot use this URL: {store_problem(error)}",
                                  file=display_url(self.url)) from None
             self._stores[bucket] = spec

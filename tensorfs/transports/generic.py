@@ -1,14 +1,16 @@
 """Any other protocol fsspec knows and has installed (``file://``, ``sftp://``, ``webdav://``
 ...): its ``info``, ``ls`` and ranged ``cat_file``.  fsspec's ``isdir``/``open`` are never
 called (fsspec#1707: on some filesystems they download the whole file).  Every call is
-waited for at most ``--timeout`` (``tensorfs.transports.bounded``); what the filesystem
+waited for at most ``--timeout`` (``tensorfs.transports.base.bounded``); what the filesystem
 raises is classified by the builtin kind it is (fsspec raises ``FileNotFoundError``,
 ``PermissionError`` ...); an answer longer than the range asked for is refused, as on every
 transport (how much such a filesystem receives before it returns is its own affair)."""
 
 from __future__ import annotations
 
+import json
 import posixpath
+import time
 
 from tensorfs.errors import ModelError
 from tensorfs.location import DIRECTORY, FILE, display_url
@@ -18,7 +20,7 @@ from tensorfs.transports.base import PROBE_BYTES, FetchError, Transport, bounded
 class FsspecTransport(Transport):
     def _connect(self) -> None:
         try:
-            import fsspec
+            import fsspec       # the remote extra: any other protocol's mount only
         except ImportError:
             raise missing_extra("fsspec", self.url) from None
         try:
@@ -36,8 +38,6 @@ class FsspecTransport(Transport):
     def identity(self, path):
         # any option may name the endpoint (endpoint_url, project, account_name ...): all
         # of them, hashed with the rest
-        import json
-
         options = json.dumps(getattr(self.fs, "storage_options", {}), sort_keys=True, default=str)
         protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
         return f"{protocol}+{options}/{self._path(path)}"
@@ -54,8 +54,6 @@ class FsspecTransport(Transport):
         return self._call(self.fs.info, self._path(path), timeout=timeout)
 
     def probe(self, path, timeout):
-        import time
-
         deadline = time.monotonic() + timeout
         info = self._info(path, timeout)
         if info.get("type") == "directory":

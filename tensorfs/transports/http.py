@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import netrc
 import os
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -92,7 +93,7 @@ class HttpTransport(Transport):
                                                   headers=self._headers, extra=self._extra))
             except FetchError:
                 raise
-            except Exception as error:      # noqa: BLE001 - obstore's configuration errors
+            except Exception as error:      # any exception: obstore's configuration errors
                 raise ModelError("remote_options", f"cannot use this URL: {store_problem(error)}",
                                  file=display_url(self.url)) from None
             self._stores[url] = store
@@ -171,8 +172,6 @@ def _netrc_to_read(path: str) -> bool:
 def _netrc(host: str | None) -> tuple[str, str] | None:
     """The login ``~/.netrc`` (or ``$NETRC``) holds for ``host``, if any; a netrc that
     cannot be read is passed over (logged), as curl's --netrc-optional does."""
-    import netrc
-
     if not host:
         return None
     path = os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")

@@ -4,7 +4,7 @@ commit's resolve URLs (``ENDPOINT/ORG/REPO/resolve/COMMIT/PATH``) over HTTP(S) l
 (``tensorfs.transports.http``), with the token huggingface_hub finds sent as
 ``Authorization: Bearer`` (which reqwest drops on the redirect to the Hub's CDN, another
 origin).  Every huggingface_hub call is waited for at most ``--timeout``
-(``tensorfs.transports.bounded``), and its answers are bounded too (``_bound_answers``: at
+(``tensorfs.transports.base.bounded``), and its answers are bounded too (``_bound_answers``: at
 most ``MAX_ANSWER_BYTES`` a page, as they are, at most ``MAX_LISTING_ENTRIES`` a listing); each
 failure is one line: a gated repo, a missing repo or revision, an answer that is not the
 Hub's JSON, or more of it than any repository's.
@@ -75,7 +75,7 @@ def _bound_answers() -> None:
     """Hooks on huggingface_hub's shared HTTP client (made anew after a fork) that ask for
     bodies as they are and stop reading one past ``MAX_ANSWER_BYTES``, for the calls made by
     ``HubTransport._hub_call`` only."""
-    from huggingface_hub.utils import get_session
+    from huggingface_hub.utils import get_session      # the remote extra: hf:// only
 
     client = get_session()
     if getattr(client, "_tensorfs_bounded", False):
@@ -97,7 +97,7 @@ class HubTransport(HttpTransport):
 
     def _connect(self) -> None:
         try:
-            import huggingface_hub
+            import huggingface_hub      # the remote extra: hf:// only
         except ImportError:
             raise missing_extra("huggingface_hub", self.url) from None
         obstore(self.url)
@@ -155,6 +155,7 @@ class HubTransport(HttpTransport):
 
     def _resolve(self) -> str:
         """The revision's commit, at mount: every read names it."""
+        # the remote extra: hf:// only
         from huggingface_hub.utils import (GatedRepoError, HfHubHTTPError,
                                            RepositoryNotFoundError, RevisionNotFoundError)
 
@@ -208,7 +209,7 @@ class HubTransport(HttpTransport):
 
     def _listing(self, directory: str) -> tuple[set, set]:
         if directory not in self._listings:
-            from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError
+            from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError  # the extra
 
             shown = f"{self.root}/{directory}".rstrip("/")
             files, dirs, sizes = set(), set(), {}
@@ -226,7 +227,7 @@ class HubTransport(HttpTransport):
                 entries = []
             except ModelError:
                 raise
-            except Exception as error:      # noqa: BLE001 - no network, a broken answer
+            except Exception as error:      # any exception: no network, a broken answer
                 raise ModelError("remote_error", "listing failed: "
                                  f"{python_tls_problem(error) or type(error).__name__}",
                                  file=shown) from None

@@ -22,20 +22,23 @@ this module adds to its ``get``:
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import re
 import stat
 import struct
+import subprocess
+import sys
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from tensorfs.transports.base import FetchError, exact, missing_extra, status_error
 
 
 def obstore(url: str):
     try:
-        import obstore as module
+        import obstore as module        # the remote extra: checked when first needed
     except ImportError:
         raise missing_extra("obstore", url) from None
     return module
@@ -112,9 +115,6 @@ class _Helper:
     helper ends (stdin closed) when this process does, not when the daemon does."""
 
     def __init__(self):
-        import subprocess
-        import sys
-
         self.proc = subprocess.Popen([sys.executable, "-m", "tensorfs.transports.helper"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, close_fds=True)
@@ -201,9 +201,6 @@ def write_message(stream, message) -> None:
 
 def helper_main() -> None:
     """The helper's loop: each request in a thread of its own pool, answered when done."""
-    import sys
-    from concurrent.futures import ThreadPoolExecutor
-
     serve_here()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     lock = threading.Lock()
@@ -211,12 +208,12 @@ def helper_main() -> None:
     def answer(request_id, name, args, kwargs):
         try:
             value = (request_id, True, globals()[HELPER_CALLS[name]](*args, **kwargs))
-        except BaseException as error:      # noqa: BLE001 - handed back to the caller
+        except BaseException as error:      # any exception: handed back to the caller
             value = (request_id, False, error)
         with lock:
             try:
                 write_message(stdout, value)
-            except Exception:               # noqa: BLE001 - an answer that does not pickle
+            except Exception:               # any exception: an answer that does not pickle
                 write_message(stdout, (request_id, False,
                                        FetchError("http", without_urls(str(value[2])))))
 
@@ -235,9 +232,7 @@ def _store(spec: tuple):
     """The store ``spec`` names, made once per process."""
     store = _stores.get(spec)
     if store is None:
-        import json
-
-        import obstore.store
+        import obstore.store    # the remote extra: a URL's mount only
 
         kind, first, kwargs = spec
         store = _stores[spec] = getattr(obstore.store, kind)(first, **json.loads(kwargs))
@@ -248,8 +243,6 @@ def store_spec(kind: str, first, **kwargs) -> tuple:
     """A hashable, picklable name of a store: (class name, first argument, keywords as
     JSON); ``_store`` makes the store in the process that uses it.  The store is made once
     here, so that a bad option is one line at mount."""
-    import json
-
     spec = (kind, first, json.dumps({k: v for k, v in kwargs.items() if v is not None},
                                     sort_keys=True))
     _run(_check_spec, spec, timeout=30)
@@ -270,8 +263,6 @@ def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, *
 
 def _timeout_text(spec: tuple) -> str:
     """"no answer within N s", N the store's own bound (its client ``timeout``)."""
-    import json
-
     value = str((json.loads(spec[2]).get("client_options") or {}).get("timeout", ""))
     if value.endswith("ms") and value[:-2].isdigit():
         return f"no answer within {int(value[:-2]) / 1000:g} s"
@@ -289,7 +280,7 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
 
 def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401="", probe=False,
                where=""):
-    import obstore as obs
+    import obstore as obs        # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
     if if_match:
@@ -316,25 +307,25 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
         return exact(body, got_start, got_end), result.meta
     except FetchError:
         raise
-    except Exception as error:          # noqa: BLE001 - classified, or raised as it is
+    except Exception as error:          # any exception: classified, or raised as it is
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
 
 
 def _head(spec, path, hint_401, where) -> dict:
-    import obstore as obs
+    import obstore as obs        # the remote extra: a URL's mount only
 
     try:
         return obs.head(_store(spec), path)
-    except Exception as error:          # noqa: BLE001
+    except Exception as error:          # any exception: classified, as above
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
 
 
 def _listing(spec, prefix, where) -> dict:
-    import obstore as obs
+    import obstore as obs        # the remote extra: a URL's mount only
 
     try:
         return obs.list_with_delimiter(_store(spec), prefix or None)
-    except Exception as error:          # noqa: BLE001
+    except Exception as error:          # any exception: classified, as above
         raise classify(error, "", where, _timeout_text(spec)) from None
 
 
@@ -347,7 +338,7 @@ def classify(error: BaseException, hint_401: str = "", where: str = "",
              timeout_text: str = "no answer in time") -> BaseException:
     """The FetchError an obstore error stands for (or ``error`` itself: not obstore's);
     ``where``: the host and port, as a connection error names them."""
-    from obstore import exceptions as ox
+    from obstore import exceptions as ox      # the remote extra
 
     if isinstance(error, FileNotFoundError):       # obstore's NotFound is the builtin one
         return FetchError("not_found", "not found (HTTP 404)", status=404)

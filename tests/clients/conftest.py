@@ -1,6 +1,6 @@
-"""Fixtures of the real-client tests (SPEC §11, issue 24): the tiny models of tests/tiny_models.py,
+"""Fixtures of the real-client tests (SPEC §11, issue 24): the tiny models of tests/support/tiny_models.py,
 written once per session, served by a real nginx on 127.0.0.1 (plain HTTP and the Hugging Face
-Hub's layout, tests/servers.py), and ``model_mount(where, key)`` that mounts one of them through
+Hub's layout, tests/support/servers.py), and ``model_mount(where, key)`` that mounts one of them through
 the real ``tensorfs`` command from a local path, an http:// URL or an hf:// repo."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Tiny:
         return self.files(key)[0]
 
     def _write(self, key: str) -> list[Path]:
-        from tests.tiny_models import write_llama_gguf, write_transformers_model
+        from tests.support.tiny_models import write_llama_gguf, write_transformers_model
 
         d = self.root / key
         if key.startswith("gguf-"):
@@ -82,7 +82,7 @@ def tiny_server(tiny, tmp_path_factory):
     gone = missing(REMOTE_LIBS)
     if gone:
         pytest.skip(f"the remote extra is not installed (missing {', '.join(gone)})")
-    from tests.servers import HubRepo, Nginx
+    from tests.support.servers import HubRepo, Nginx
 
     gone = missing(CLIENT_LIBS[1:])
     keys = [k for k in KEYS if k.startswith("gguf-") or not gone]

@@ -86,7 +86,7 @@ def llama_run(path: Path, use_mmap: bool, n_new: int = 12) -> tuple[np.ndarray, 
     """The prompt's logits and the greedy continuation, from a fresh llama.cpp context."""
     from llama_cpp import Llama
 
-    from tests.tiny_models import N_CTX, PROMPT_IDS
+    from tests.support.tiny_models import N_CTX, PROMPT_IDS
 
     llm = Llama(model_path=str(path), n_ctx=N_CTX, n_threads=1, n_batch=N_CTX,
                 use_mmap=use_mmap, logits_all=True, verbose=False, seed=0)
@@ -128,7 +128,7 @@ def transformers_logits(directory: Path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tests.tiny_models import PROMPT_IDS
+    from tests.support.tiny_models import PROMPT_IDS
 
     model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
     with torch.no_grad():

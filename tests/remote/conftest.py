@@ -12,10 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import mounts_in
-
-pytest.register_assert_rewrite("tests.remote.remote_checks")
-from tests.remote.remote_checks import HF_TOKEN, Corpus, Model
-from tests.servers import HubRepo, MotoServer, Nginx, Proxy
+from tests.support.remote_checks import HF_TOKEN, Corpus, Model
+from tests.support.servers import HubRepo, MotoServer, Nginx, Proxy
 
 REMOTE_LIBS = ("obstore", "fsspec", "s3fs", "huggingface_hub")
 MISSING = [m for m in REMOTE_LIBS if importlib.util.find_spec(m) is None]
@@ -36,9 +34,9 @@ def pytest_collection_modifyitems(config, items):
 # -- the models -----------------------------------------------------------------------------
 
 def _write_corpus(root: Path) -> Corpus:
-    from reliability_models import write_mixed_gguf
-    from tests.models import write_gguf, write_safetensors
-    from tests.test_shards import INDEX, write_hf_shards, write_split_gguf
+    from tests.support.reliability_models import write_mixed_gguf
+    from tests.support.models import write_gguf, write_safetensors
+    from tests.support.shards import INDEX, write_hf_shards, write_split_gguf
 
     import numpy as np
     from safetensors.numpy import save_file

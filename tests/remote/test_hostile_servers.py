@@ -20,10 +20,10 @@ import zlib
 
 import pytest
 
-from reliability_models import alive, daemon_pid, read_errno
+from tests.support.reliability_models import alive, daemon_pid, read_errno
 from tests.conftest import run_tensorfs
-from tests.remote.remote_checks import HF_TOKEN, assert_matches_reference, doc_of
-from tests.servers import BASIC_PASSWORD, BASIC_USER
+from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_of
+from tests.support.servers import BASIC_PASSWORD, BASIC_USER
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.remote.test_remote_mount import url_of
+from tests.support.remote_checks import url_of
 
 CHECK = r"""
 import sys

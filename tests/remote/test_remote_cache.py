@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from reliability_models import wait_for
+from tests.support.reliability_models import wait_for
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.remote.remote_checks import (
+from tests.support.remote_checks import (
     MiB, assert_matches_reference, doc_of, header_size)
-from tests.servers import HubRepo, parse_range
+from tests.support.servers import HubRepo, parse_range
 from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"             # the cache's own directory in DIR
@@ -182,7 +182,7 @@ def test_a_users_files_in_the_disk_cache_dir_are_never_touched(nginx, corpus, rm
 
 
 @needs_users
-def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, nginx, remote_env,  # noqa: F811
+def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, nginx, remote_env,
                                                                      tmp_path):
     """A shared sticky directory (/tmp): another user plants DIR as a symlink to the victim's
     documents before the victim's mount.  Refused in one line; the victim's files as they

@@ -10,7 +10,7 @@ import pytest
 
 from tensorfs.transports.base import PROBE_BYTES
 from tests.conftest import run_tensorfs
-from tests.remote.test_remote_mount import url_of
+from tests.support.remote_checks import url_of
 
 
 def tfs(*args, env):

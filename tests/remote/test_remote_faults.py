@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
+from tests.support.reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
 from tests.conftest import fuse_mounts_under, run_tensorfs
-from tests.remote.remote_checks import (
+from tests.support.remote_checks import (
     HF_TOKEN, assert_matches_reference, doc_of,
     reference)
-from tests.servers import HubRepo, free_port
+from tests.support.servers import HubRepo, free_port
 
 EIO = errno.EIO
 RETRIES = 5          # docs/remote.md: up to 5 tries per read

@@ -12,8 +12,8 @@ import pytest
 from safetensors import safe_open
 
 from tests.remote.conftest import folder_files
-from tests.remote.remote_checks import doc_of
-from tests.servers import parse_range
+from tests.support.remote_checks import doc_of
+from tests.support.servers import parse_range
 
 
 def _fetched_ranges(log, uri_part: str) -> list[tuple[int, int]]:

@@ -15,21 +15,13 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_tensorfs
-from tests.remote.remote_checks import (
+from tests.support.remote_checks import (
     MiB, assert_matches_reference,
     assert_mount_fetched_headers_only, assert_same_tree, doc_of, header_size,
-    without_remote_keys)
-from tests.servers import parse_range
+    url_of, without_remote_keys)
+from tests.support.servers import parse_range
 
 KEYS = ["safetensors", "mixed", "sharded", "split"]
-
-
-def url_of(transport: str, nginx, key: str, name: str) -> str:
-    if transport == "http":
-        return f"{nginx.url}/files/{key}/{name}"
-    if transport == "hf":
-        return f"hf://tfs/{key}/{name}"
-    return f"s3://models/{key}/{name}"
 
 
 def log_prefix(transport: str, nginx, key: str) -> str:

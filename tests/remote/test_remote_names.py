@@ -6,7 +6,6 @@ and a many-shard index costs memory by the shard's header, not by the bytes fetc
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import numpy as np
@@ -14,8 +13,8 @@ import pytest
 from safetensors.numpy import save
 
 from tests.support import TENSORFS
-from tests.servers import BASIC_PASSWORD, BASIC_USER
-from tests.test_shards import INDEX
+from tests.support.servers import BASIC_PASSWORD, BASIC_USER
+from tests.support.shards import INDEX
 
 HOSTILE = ["..%2Fsecret%2Fx.safetensors", "..%252Fsecret%252Fx.safetensors",
            "%2e%2e%2fsecret%2fx.safetensors", "..\\secret\\x.safetensors",

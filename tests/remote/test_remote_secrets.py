@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 
-from reliability_models import daemon_pid
+from tests.support.reliability_models import daemon_pid
 from tests.conftest import run_tensorfs
-from tests.remote.remote_checks import (
+from tests.support.remote_checks import (
     HF_TOKEN, assert_matches_reference, doc_of)
-from tests.servers import BASIC_PASSWORD, BASIC_USER
+from tests.support.servers import BASIC_PASSWORD, BASIC_USER
 
 SIGNATURE = "SIGtensorfs0123456789abcdef"
 S3_SECRET = "S3SECRETtensorfs/abcdEFGH+ijkl"

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from tests.remote.remote_checks import HF_TOKEN
-from tests.servers import BASIC_PASSWORD, BASIC_USER, parse_range
+from tests.support.remote_checks import HF_TOKEN
+from tests.support.servers import BASIC_PASSWORD, BASIC_USER, parse_range
 
 
 def get(url: str, headers: dict | None = None, method: str = "GET", timeout: float = 10):

@@ -1,4 +1,4 @@
-"""Issue 14, the data and memory half: sizes the kernel cannot represent, generated files
+"""Limits: sizes the kernel cannot represent, generated files
 larger than the cache, names whose shape used to cost memory quadratic in their depth,
 strict JSON and surrogates, directory entries over NAME_MAX, split GGUF keys out of range,
 and an index refused by its size before it is read.  Each test goes through the real CLI or
@@ -21,12 +21,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from safetensors.numpy import save_file
 
-from tests import gguf_corpus as gc
-from tests import safetensors_corpus as sc
+from tests.support import gguf_corpus as gc
+from tests.support import safetensors_corpus as sc
 from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.test_shards import INDEX, _refused, one, write_hf_shards
+from tests.support.shards import INDEX, refused_by_both, one, write_hf_shards
 
-from reliability_models import daemon_pid
+from tests.support.reliability_models import daemon_pid
 
 
 def _strict(text):
@@ -123,6 +123,7 @@ def _generations(log: Path, what: str) -> int:
     return len(re.findall(re.escape(what) + r".*: generating \(start \d+\)", log.read_text()))
 
 
+@pytest.mark.slow
 def test_generated_files_larger_than_the_cache_cost_one_generation(tmp_path, mount):
     """metadata.json of ~6 MB and a 3 MB vocabulary file, mounted with a 64 KiB cache and
     read with cat: before, each kernel read regenerated the whole document (metadata.json
@@ -232,6 +233,7 @@ def _vm_hwm_kib(pid: int) -> int:
         return int(next(line for line in f if line.startswith("VmHWM:")).split()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["dots", "deep", "long-dotted", "escapes"])
 def test_a_name_shape_costs_memory_linear_in_the_file(tmp_path, mount, shape):
     """One name of 20,000 components (a 20-40 KB file): before, every parent path was kept
@@ -316,7 +318,7 @@ def test_a_lone_surrogate_in_an_index_is_one_line(tmp_path, where):
             "nested value": ('"metadata": {', '"metadata": {"k": [{"z": "\\udc00\\ud800"}], ')}
     old, new = edit[where]
     index.write_text(text.replace(old, new, 1))
-    line = _refused(tmp_path, index, "lone UTF-16 surrogate")
+    line = refused_by_both(tmp_path, index, "lone UTF-16 surrogate")
     offset = int(re.search(r"byte offset (\d+)", line).group(1))
     assert index.read_bytes()[offset:offset + 3] == b"\\ud"
 
@@ -372,6 +374,7 @@ name_parts = st.sampled_from(["", "a", "%", "/", "\n", "metadata", "headers", "h
                               "x" * 120, "\u00e9" * 70, "\U0001F600" * 40, "npy", "raw"])
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(names=st.lists(st.lists(name_parts, min_size=1, max_size=6).map(".".join),
                       min_size=1, max_size=6, unique=True),
@@ -425,7 +428,7 @@ def test_split_keys_out_of_range_are_told_as_such(tmp_path, no, count, expect):
     """``split.no=-1`` used to say "this is shard 0 of 2 ...: mount the first one" of the
     very file the user gave."""
     first = _split_pair(tmp_path, no, count)
-    line = _refused(tmp_path, first, expect)
+    line = refused_by_both(tmp_path, first, expect)
     assert "mount the first one" not in line
 
 
@@ -434,7 +437,7 @@ def test_a_shard_that_is_a_directory_is_not_called_missing(tmp_path):
     shard = tmp_path / "hf" / sorted(set(weight_map.values()))[0]
     shard.unlink()
     shard.mkdir()
-    line = _refused(tmp_path, index, "is a directory")
+    line = refused_by_both(tmp_path, index, "is a directory")
     assert "missing" not in line
 
 

@@ -1,0 +1,187 @@
+"""The layers of tensorfs, checked on the import graph: every module of the package is read
+(its syntax tree: nothing is imported), each of its imports of another tensorfs module is an
+edge, those inside functions included.  The graph has no cycle, and a module imports only
+modules of its own layer or of a layer below.
+
+``LAYERS`` declares the order; ``MODULE_LAYERS`` places each module by its dotted name's
+longest matching prefix, so that a folder (``tensorfs.transports``) is placed whole.  A new
+module is placed here before it is used."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tensorfs"
+
+# Lowest first: a layer may use every layer before it, never one after it.
+LAYERS = [
+    "core",         # errors, the model's description, types, the runtime directory, caches
+    "formats",      # the parsers: bytes in, a ModelFile out
+    "convert",      # stored types to float32, the plan of each tensor's views, the workers
+    "sources",      # where the bytes live: local files, URLs, transports, block and disk caches
+    "views",        # byte views of a source, and the tree of names they are served under
+    "loading",      # a model loaded: its shards, its files whole
+    "api",          # the Python API
+    "facts",        # hash, stats, diff
+    "tree",         # what a mount serves: the tree of views, metadata.json, metadata/
+    "fuse",         # the FUSE binding, its Operations, the adapter, the daemon
+    "cli",          # the command line
+]
+
+MODULE_LAYERS = {
+    "tensorfs": "core",
+    "tensorfs.errors": "core",
+    "tensorfs.dtypes": "core",
+    "tensorfs.model": "core",
+    "tensorfs.runtime": "core",
+    "tensorfs.status": "core",
+    "tensorfs.cache": "core",
+    "tensorfs.budget": "core",
+    "tensorfs.formats": "formats",
+    "tensorfs.convert": "convert",
+    "tensorfs.plan": "convert",
+    "tensorfs.workers": "convert",
+    "tensorfs.source": "sources",
+    "tensorfs.modelfile": "sources",
+    "tensorfs.location": "sources",
+    "tensorfs.blockcache": "sources",
+    "tensorfs.diskcache": "sources",
+    "tensorfs.transports": "sources",
+    "tensorfs.remote": "sources",
+    "tensorfs.urls": "sources",
+    "tensorfs.views": "views",
+    "tensorfs.namespace": "views",
+    "tensorfs.shards": "loading",
+    "tensorfs.wholefiles": "loading",
+    "tensorfs.loader": "loading",
+    "tensorfs.api": "api",
+    "tensorfs.facts": "facts",          # tensorfs.facts_commands is the CLI's (below)
+    "tensorfs.hashing": "facts",
+    "tensorfs.stats": "facts",
+    "tensorfs.diff": "facts",
+    "tensorfs.factsplot": "facts",
+    "tensorfs.mounttree": "tree",
+    "tensorfs.metadata_json": "tree",
+    "tensorfs.metadata_files": "tree",
+    "tensorfs.mountoptions": "fuse",
+    "tensorfs.fuse3": "fuse",
+    "tensorfs.operations": "fuse",
+    "tensorfs.fusefs": "fuse",
+    "tensorfs.daemon": "fuse",
+    "tensorfs.cli": "cli",
+    "tensorfs.facts_commands": "cli",
+    "tensorfs.inspect": "cli",
+    "tensorfs.__main__": "cli",
+}
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package) for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tensorfs modules it imports (``from tensorfs import x`` names the
+    module ``tensorfs.x`` when there is one, else the package)."""
+    known = modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, (path, is_package) in known.items():
+        package = name if is_package else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(owner(a.name) for a in node.names if a.name.split(".")[0] == "tensorfs")
+            elif isinstance(node, ast.ImportFrom):
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                target = (f"{base}.{node.module}" if node.module else base) if node.level \
+                    else node.module or ""
+                if target.split(".")[0] != "tensorfs":
+                    continue
+                edges.update(owner(f"{target}.{a.name}") if f"{target}.{a.name}" in known
+                             else owner(target) for a in node.names)
+        edges.discard(name)
+        edges.discard(None)
+        graph[name] = edges
+    return graph
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of the longest prefix of ``module`` that ``MODULE_LAYERS`` places."""
+    name = module
+    while name:
+        if name in MODULE_LAYERS:
+            return MODULE_LAYERS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles a depth-first walk finds (each once, as the path that closes it)."""
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for child in sorted(graph.get(node, ())):
+            if state.get(child) == "open":
+                found.append(path[path.index(child):] + [child])
+            elif child not in state:
+                visit(child, path + [child])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_every_module_has_a_declared_layer():
+    unplaced = sorted(m for m in modules() if layer_of(m) is None)
+    assert not unplaced, f"place these in MODULE_LAYERS (tests/test_layers.py): {unplaced}"
+    assert set(MODULE_LAYERS.values()) <= set(LAYERS)
+
+
+def test_the_import_graph_has_no_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = sorted(f"{m} ({layer_of(m)}) imports {d} ({layer_of(d)})"
+                    for m, imported in import_graph().items() for d in imported
+                    if layer_of(m) and layer_of(d) and rank[layer_of(d)] > rank[layer_of(m)])
+    assert upward == [], "\n".join(upward)
+
+
+@pytest.mark.parametrize("module, expected", [("tensorfs.transports.hub", "sources"),
+                                              ("tensorfs.convert.ggml", "convert"),
+                                              ("tensorfs.fusefs", "fuse")])
+def test_a_module_is_placed_by_its_longest_prefix(module, expected):
+    assert layer_of(module) == expected
+
+
+def test_the_checks_see_a_cycle_and_an_upward_import():
+    """The checks themselves: a graph with a cycle, and the real graph with an import of
+    the FUSE layer added to the lowest source module."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    graph = import_graph()
+    assert graph["tensorfs.fusefs"] >= {"tensorfs.fuse3", "tensorfs.namespace"}
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    graph["tensorfs.source"].add("tensorfs.fusefs")
+    assert any(rank[layer_of(d)] > rank[layer_of(m)] for m, imported in graph.items()
+               for d in imported)
