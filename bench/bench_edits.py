@@ -18,19 +18,35 @@ os.chdir(work)
 T = os.path.join(os.path.dirname(sys.executable), "tensorfs")
 env = dict(os.environ)
 if not os.path.exists("big.gguf"):
-    w = gguf.GGUFWriter("big.gguf", "llama"); rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter("big.gguf", "llama")
+    rng = np.random.default_rng(0)
     w.add_string("tokenizer.chat_template", "x")
-    for i in range(25): w.add_tensor(f"blk.{i}.w", rng.standard_normal((1024, 1024)).astype(np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    for i in range(25):
+        w.add_tensor(f"blk.{i}.w", rng.standard_normal((1024, 1024)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def read_all(path):
-    fd = os.open(path, os.O_RDONLY); t = time.perf_counter(); n = 0
+    fd = os.open(path, os.O_RDONLY)
+    t = time.perf_counter()
+    n = 0
     while True:
         b = os.read(fd, 1 << 20)
-        if not b: break
+        if not b:
+            break
         n += len(b)
-    os.close(fd); return n / (time.perf_counter() - t) / 1e6
+    os.close(fd)
+    return n / (time.perf_counter() - t) / 1e6
+
+
 def drop():
-    with open("/proc/sys/vm/drop_caches", "w") as f: f.write("1")
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1")
+
+
 mounts = {}
 for label, extra in (("plain", []), ("edited", ["--edits", os.path.join(work, "edits")])):
     mnt = os.path.join(work, label)

@@ -298,7 +298,7 @@ class Editor:
     def writable(self, node) -> bool:
         if isinstance(node, DirNode):
             return node is self.tree.root or node is self.meta_dir or node.ino in self._dir_paths \
-                and not self._dir_paths[node.ino].split("/")[0] in READ_ONLY_TOP
+                and self._dir_paths[node.ino].split("/")[0] not in READ_ONLY_TOP
         return node.ino in self._key_of or self._original(node) is not None
 
     def _original(self, node) -> str | None:

@@ -239,8 +239,8 @@ def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None
     if "top" in ax:
         band = ax["top"]
         band.set_ylim(-0.6, len(top_rows) - 0.4)
-        band.set_yticks(range(len(top_rows)), [{"NaN": "nmse NaN\n(a NaN in A or B)", "inf": "nmse inf\n(A all zeros)"}[r]
-                                            for r in top_rows])
+        labels = {"NaN": "nmse NaN\n(a NaN in A or B)", "inf": "nmse inf\n(A all zeros)"}
+        band.set_yticks(range(len(top_rows)), [labels[r] for r in top_rows])
         band.set_facecolor("#fff0f0")
         band.grid(True, axis="x", alpha=0.3)
     if "zero" in ax:

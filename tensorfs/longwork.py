@@ -104,7 +104,7 @@ class LongWork:
             except Cancelled:
                 log.info("%s: cancelled (the mount is ending)", what)
                 return
-            except Exception as error:      # noqa: BLE001 - answered to the next ask
+            except Exception as error:
                 log.error("%s: failed: %s", what, error)
                 if not isinstance(error, OSError):
                     error = OSError(errno.EIO, f"{what} failed: {error}")

@@ -81,7 +81,7 @@ class MountedModel:
         for view in self.measured_ahead:
             try:
                 _ = view.size               # learnt once, kept by the view
-            except Exception as error:      # noqa: BLE001 - the request that asks says it
+            except Exception as error:
                 log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
 
     def _start_workers_ahead(self) -> None:

@@ -8,8 +8,8 @@ replaced under the mount, a remote object whose version changed), a remote sourc
 its last failed read (``read_failed``), and the process withdraws it when it stops serving
 (``withdraw``).  ``list`` reads it (``read``) and takes its rows from here (``listing``:
 the file that changed by its name in the mount and what still reads, that last failure, and
-the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).  ``report`` is a no-op in a process that serves
-no mount (``inspect``, the library), so any layer may call it.
+the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).
+``report`` is a no-op in a process that serves no mount (``inspect``, the library), so any layer may call it.
 
 The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime``: written whole,
 never through a symlink), JSON with ASCII escapes: a name from the model cannot break a

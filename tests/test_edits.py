@@ -174,7 +174,7 @@ def _same_safetensors(path, reference):
     with safe_open(str(path), "np") as got, safe_open(str(reference), "np") as want:
         assert got.metadata() == want.metadata()
         assert sorted(got.keys()) == sorted(want.keys())
-        for name in want.keys():  # noqa: SIM118 (a safe_open handle is no dict)
+        for name in want.keys():
             a, b = got.get_tensor(name), want.get_tensor(name)
             assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
