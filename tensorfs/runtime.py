@@ -363,7 +363,8 @@ MAX_LINKS = 40                      # links followed on the way to DIR, as the k
 def open_private_dir(directory: str, euid: int, refused) -> int:
     """DIR (absolute: the disk cache's, the edit store's), opened one component at a time
     from ``/`` without following a link the system did not vet, made (0700; missing parents
-    0755) if missing, and checked through its descriptor: refused if it is a link, someone else's or others can write it.
+    0755) if missing, and checked through its descriptor: refused if it is a link, someone
+    else's or others can write it.
 
     Every directory on the way must be one nobody else can change it under: owned by root or
     the user, and writable by group or others only if sticky (as /tmp): the rule of ssh's
