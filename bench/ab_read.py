@@ -11,13 +11,13 @@ A variant is {"path": dir to import tensorfs from, "opts": [...], "env": {...}} 
 passthrough.  (Converted views keep chunks across reads of one mount: compare them with
 ``bench/run.py --rows converted --tensorfs-path DIR``, which mounts afresh.)
 """
-import os
-import sys
-import time
-import subprocess
-import statistics
 import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

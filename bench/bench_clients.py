@@ -135,8 +135,8 @@ def block_cache_alone(url: str, size: int) -> float:
     """What bounds W4 below FUSE: the whole file read in 1 MiB pieces from tensorfs's remote
     source in this process (block cache and transport, no kernel, no daemon): seconds."""
     from tensorfs.cache import ByteLRU
-    from tensorfs.loader import load_model
-    from tensorfs.remote import RemoteSettings
+    from tensorfs.loading.loader import load_model
+    from tensorfs.sources.remote import RemoteSettings
 
     model = load_model(url, RemoteSettings(cache=ByteLRU(256 * MiB), timeout=120))
     try:

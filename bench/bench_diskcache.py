@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tensorfs.diskcache import DiskCache  # noqa: E402 (after the sys.path line above)
+from tensorfs.sources.diskcache import DiskCache  # noqa: E402 (after the sys.path line above)
 
 BLOCK = 4 << 20
 

@@ -114,7 +114,7 @@ def big_model(b: RemoteBench) -> tuple[Path, int, int]:
         rng = np.random.default_rng(1)
         save_file({"big.weight": rng.integers(0, 255, size, dtype=np.uint8),
                    "small.weight": np.arange(16, dtype=np.float32)}, str(path))
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.sources.modelfile import parse_model_file
 
     t = next(t for t in parse_model_file(str(path)).tensors if t.name == "big.weight")
     return path, t.offset, t.nbytes
@@ -248,7 +248,7 @@ def r5(b: RemoteBench, server: Nginx) -> None:
         rng = np.random.default_rng(2)
         save_file({f"t{i}.weight": rng.integers(0, 255, size, dtype=np.uint8) for i in range(4)},
                   str(path))
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.sources.modelfile import parse_model_file
 
     tensors = [t for t in parse_model_file(str(path)).tensors]
     url = server.put("files/four.safetensors", path)
@@ -276,7 +276,6 @@ def _direct(url):
 
 def r3(b: RemoteBench, server: Nginx) -> None:
     import gguf
-
     import run as bench_run
 
     class Args(argparse.Namespace):           # bench/run.py's options this row does not set

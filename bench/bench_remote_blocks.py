@@ -35,10 +35,10 @@ def _requests(nginx, mark):
 
 
 def bench_blocks(nginx, url, block: int, rnd: random.Random) -> dict:
-    from tensorfs import blockcache
     from tensorfs.cache import ByteLRU
-    from tensorfs.loader import load_model
-    from tensorfs.remote import RemoteSettings
+    from tensorfs.loading.loader import load_model
+    from tensorfs.sources import blockcache
+    from tensorfs.sources.remote import RemoteSettings
 
     blockcache.BLOCK_SIZE = block
     model = load_model(url, RemoteSettings(cache=ByteLRU(256 * MiB), timeout=60))
@@ -96,7 +96,7 @@ def bench_curl(url, offset, nbytes) -> float:
 
 
 def main() -> None:
-    from tensorfs.transports.objects import serve_here
+    from tensorfs.sources.transports.objects import serve_here
 
     serve_here()        # this process never forks: obstore runs here, not in a helper
     from safetensors.numpy import save_file
@@ -121,8 +121,8 @@ def main() -> None:
         if args.rtt:
             proxy = Proxy(nginx.port, rtt=args.rtt).start()
             url = url.replace(nginx.url, proxy.url)
-        from tensorfs.loader import load_model
-        from tensorfs.remote import RemoteSettings
+        from tensorfs.loading.loader import load_model
+        from tensorfs.sources.remote import RemoteSettings
 
         model = load_model(url, RemoteSettings())
         t = max(model.tensors, key=lambda t: t.nbytes)

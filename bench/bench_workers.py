@@ -12,7 +12,7 @@ processes, each loading its own Q4_K view, started together; aggregate MB/s).  T
 take turns, best of ``--repeat``; the ratios are of the same run.
 
 ``convert``: conversion throughput in one process, no FUSE: in-thread vs the worker pool
-(tensorfs.workers), MB/s of float32 output, a whole tensor converted in 1 MiB chunks.
+(tensorfs.convert.workers), MB/s of float32 output, a whole tensor converted in 1 MiB chunks.
 Variants, per type:
 
 * ``thread xN``: N threads of this process convert chunks (as ``--workers 0`` does);
@@ -42,11 +42,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from tensorfs.convert import conversion_for          # noqa: E402 (after the sys.path line above)
-from tensorfs.loader import load_model               # noqa: E402 (after the sys.path line above)
-from tensorfs.source import ModelSource              # noqa: E402 (after the sys.path line above)
-from tensorfs.views import CHUNK_OUTPUT_BYTES        # noqa: E402 (after the sys.path line above)
-from tensorfs.workers import WorkerPool              # noqa: E402 (after the sys.path line above)
+from tensorfs.convert import conversion_for  # noqa: E402 (after the sys.path line above)
+from tensorfs.convert.workers import WorkerPool  # noqa: E402 (after the sys.path line above)
+from tensorfs.loading.loader import load_model  # noqa: E402 (after the sys.path line above)
+from tensorfs.sources.local import ModelSource  # noqa: E402 (after the sys.path line above)
+from tensorfs.views.byteviews import CHUNK_OUTPUT_BYTES  # noqa: E402 (after the sys.path line above)
 
 
 def chunks(tensor, conv):
@@ -119,8 +119,8 @@ print(n, t0, t1)
 _IN_PROCESS = """
 import sys, time, numpy as np
 from tensorfs.budget import MemoryBudget
-from tensorfs.loader import load_model
-from tensorfs.mounttree import build_mount
+from tensorfs.loading.loader import load_model
+from tensorfs.mount.tree import build_mount
 m = build_mount(load_model(sys.argv[1]), MemoryBudget(256 << 20), workers=0)
 view = m.tree.lookup("/" + sys.argv[2]).view
 buf = memoryview(bytearray(1 << 20))

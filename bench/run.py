@@ -246,7 +246,7 @@ def proc_status_kib(pid: int) -> dict:
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The daemon's conversion worker processes (tensorfs.workers)."""
+    """The daemon's conversion worker processes (tensorfs.convert.workers)."""
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -257,7 +257,7 @@ def worker_pids(pid: int) -> list[int]:
     def is_worker(c):
         try:
             with open(f"/proc/{c}/cmdline", "rb") as f:
-                return b"tensorfs.workers" in f.read()
+                return b"tensorfs.convert.workers" in f.read()
         except OSError:
             return False
     return [c for c in found if is_worker(c)]
@@ -310,6 +310,7 @@ def _blocks(name: str, out_bytes: int, rng) -> np.ndarray:
     """Random blocks of ``name`` holding ``out_bytes`` of float32 output, shaped as rows of 4096
     elements (rows, row_bytes) as GGUF stores them; finite scales."""
     from bench_kernels import random_blocks
+
     from tensorfs.dtypes import GGML_TYPES_BY_NAME
 
     gt = GGML_TYPES_BY_NAME[name]
@@ -434,7 +435,7 @@ def best_of(n: int, fn) -> tuple:
 
 
 def _tensor_range(path: str, name: str) -> tuple[int, int]:
-    from tensorfs.loader import load_model
+    from tensorfs.loading.loader import load_model
 
     for t in load_model(path).tensors:
         if t.name == name:
@@ -606,8 +607,8 @@ def row_mount_time(b: Bench) -> None:
                 readies.append(ready)
         parse = []
         for _ in range(a.repeat):
-            code = ("import time,sys; from tensorfs.loader import load_model; "
-                    "from tensorfs.mounttree import build_mount; from tensorfs.budget import MemoryBudget; "
+            code = ("import time,sys; from tensorfs.loading.loader import load_model; "
+                    "from tensorfs.mount.tree import build_mount; from tensorfs.budget import MemoryBudget; "
                     f"t=time.perf_counter(); m=build_mount(load_model({path!r}), MemoryBudget(1<<28)); "
                     "print(time.perf_counter()-t)")
             done = subprocess.run([sys.executable, "-c", code], env=b.env, cwd=b.work, capture_output=True,
@@ -842,7 +843,7 @@ def machine() -> dict:
     except Exception:
         fusepy = "?"
     try:
-        from tensorfs.fuse3 import libfuse
+        from tensorfs.mount.fuse3 import libfuse
         version = libfuse().version
         libfuse3 = f"{version // 100}.{version % 100}"
     except Exception:
@@ -1019,7 +1020,7 @@ def write_report(b: Bench, command: str, elapsed: float) -> None:
              f"{elapsed / 60:.1f} min, with:", "", "```", command, "```", "",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']} RAM, Linux {m['kernel']}, "
              f"Python {m['python']}, numpy {m['numpy']}; tensorfs on libfuse {m['libfuse3']} "
-             f"(low-level API, tensorfs/fuse3.py), the passthrough reference on fusepy {m['fusepy']} "
+             f"(low-level API, tensorfs/mount/fuse3.py), the passthrough reference on fusepy {m['fusepy']} "
              f"over libfuse 2 ({m['fusermount']}).  Cold reads drop the page cache with: "
              f"{b.drop_method or 'n/a'}.",
              *(f"Note: {note}." for note in b.notes),

@@ -3,8 +3,8 @@ float and quantized tensors and a short vocabulary, made with gguf-py's own writ
 
 import sys
 
-import numpy as np
 import gguf
+import numpy as np
 
 
 def main(path: str) -> None:

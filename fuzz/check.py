@@ -7,7 +7,7 @@ Shared by ``tests/test_fuzz.py`` (hypothesis, in the suite) and ``fuzz/fuzz_pars
   (``header_size <= offset`` and ``offset + nbytes <= file_size``, no two overlapping, sizes
   consistent with dtype and shape), or raises the parser's own error type with a kind from
   its ``KINDS`` / ``ERROR_KINDS`` and a one-line message; nothing else escapes;
-* fed a short prefix and grown the way ``tensorfs.modelfile`` grows it, the parser asks only
+* fed a short prefix and grown the way ``tensorfs.sources.modelfile`` grows it, the parser asks only
   for more bytes of the file (``NeedMoreBytes`` makes progress, never past ``file_size``)
   and ends with the same answer as on the whole buffer;
 * what a mount would build from an accepted model (names, view plans, metadata.json)
@@ -205,9 +205,9 @@ def _check_model(fmt: str, model, data: bytes, memory: bool) -> int:
 
 def _check_downstream(fmt: str, model) -> None:
     """What a mount builds from the model, short of FUSE, must not raise either."""
-    from tensorfs.metadata_json import metadata_document, metadata_json_bytes
     from tensorfs.model import Model
-    from tensorfs.mounttree import describe
+    from tensorfs.mount.metadata_json import metadata_document, metadata_json_bytes
+    from tensorfs.mount.tree import describe
 
     try:
         whole = Model.single(model)
@@ -308,11 +308,11 @@ def check_names(names, *, seconds: float | None = 4 * TIME_LIMIT_S) -> dict:
     import tempfile
 
     from tensorfs.cache import ByteLRU
-    from tensorfs.inspect import write_report
-    from tensorfs.loader import load_model
-    from tensorfs.metadata_json import metadata_json_pieces
-    from tensorfs.mounttree import build_mount, describe
-    from tensorfs.namespace import DirNode
+    from tensorfs.cli.inspect import write_report
+    from tensorfs.loading.loader import load_model
+    from tensorfs.mount.metadata_json import metadata_json_pieces
+    from tensorfs.mount.tree import build_mount, describe
+    from tensorfs.views.names import DirNode
 
     data = names_file(names)
     with tempfile.TemporaryDirectory() as tmp:
@@ -379,7 +379,7 @@ def _walk_tree(root, dir_type) -> None:
 # ---------------------------------------------------------------------------------------
 
 def gguf_seeds() -> list[bytes]:
-    from tests import gguf_corpus as corpus
+    from tests.support import gguf_corpus as corpus
 
     seeds = [corpus.valid_gguf(v, order) for v in (1, 2, 3) for order in "<>"]
     try:
@@ -394,8 +394,8 @@ def _written_gguf() -> bytes:
     import os
     import tempfile
 
-    import numpy as np
     import gguf
+    import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "w.gguf")
@@ -423,7 +423,7 @@ def safetensors_seeds() -> list[bytes]:
     import numpy as np
     from safetensors.numpy import save
 
-    from tests import safetensors_corpus as corpus
+    from tests.support import safetensors_corpus as corpus
 
     seeds = [
         save({"a.w": np.arange(6, dtype=np.float32).reshape(2, 3),

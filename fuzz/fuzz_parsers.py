@@ -35,12 +35,12 @@ import atheris  # noqa: E402
 import numpy  # noqa: E402,F401  (imported first so that only tensorfs is instrumented)
 
 with atheris.instrument_imports(include=["tensorfs"]):
-    import tensorfs.errors  # noqa: F401
-    import tensorfs.formats.gguf  # noqa: F401
-    import tensorfs.formats.safetensors  # noqa: F401
-    import tensorfs.metadata_json  # noqa: F401
-    import tensorfs.namespace  # noqa: F401
-    import tensorfs.plan  # noqa: F401
+    import tensorfs.convert.plan
+    import tensorfs.errors
+    import tensorfs.formats.gguf
+    import tensorfs.formats.safetensors
+    import tensorfs.mount.metadata_json
+    import tensorfs.views.names  # noqa: F401
 
 from fuzz import check  # noqa: E402
 
@@ -92,7 +92,7 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
 
 
 def _write_seed_corpus(directory: str) -> None:
-    from tests import gguf_corpus, safetensors_corpus
+    from tests.support import gguf_corpus, safetensors_corpus
 
     os.makedirs(directory, exist_ok=True)
     seeds = _GGUF_SEEDS + _ST_SEEDS

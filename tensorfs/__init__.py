@@ -16,7 +16,7 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tensorfs' has no attribute {name!r}")
-    import importlib        # only when a lazy name is first used: `import tensorfs` stays light
+    import importlib  # only when a lazy name is first used: `import tensorfs` stays light
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

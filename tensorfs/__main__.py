@@ -1,5 +1,5 @@
 import sys
 
-from tensorfs.cli import main
+from tensorfs.cli.main import main
 
 sys.exit(main())

@@ -27,13 +27,13 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tensorfs.convert.plan import plan_view
 from tensorfs.errors import ModelError
-from tensorfs.loader import load_model
+from tensorfs.loading.loader import load_model
+from tensorfs.loading.wholefiles import whole_file_views
 from tensorfs.model import Model, TensorInfo
-from tensorfs.plan import plan_view
-from tensorfs.source import ModelSource
-from tensorfs.urls import remote_settings
-from tensorfs.wholefiles import whole_file_views
+from tensorfs.sources.local import ModelSource
+from tensorfs.sources.urls import remote_settings
 
 __all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
 

@@ -11,7 +11,7 @@ rather than deriving one of its own.
   (docs/serving.md);
 - the worker pool's slots are chunks, as many as ``cache`` and ``stream`` hold
   (``held_bytes``); a remote file's read-ahead is at most a quarter of ``cache``
-  (``tensorfs.blockcache``).
+  (``tensorfs.sources.blockcache``).
 """
 
 from __future__ import annotations

@@ -61,14 +61,14 @@ class ByteLRU:
             return value
 
     def put(self, key: Hashable, value: bytes) -> None:
-        """Keep ``value`` (a remote block: tensorfs.blockcache), unless larger than the cache."""
+        """Keep ``value`` (a remote block: tensorfs.sources.blockcache), unless larger than the cache."""
         with self._mutex:
             if len(value) <= self.max_bytes:
                 self._lru[key] = value
 
     def pop(self, key: Hashable):
         """Forget ``key`` and return its value, or None (a remote block the kernel's page
-        cache now holds: tensorfs.blockcache)."""
+        cache now holds: tensorfs.sources.blockcache)."""
         with self._mutex:
             return self._lru.pop(key, None)
 

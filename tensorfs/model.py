@@ -97,12 +97,12 @@ class Model:
     tensors: tuple[TensorInfo, ...]
     metadata: Mapping[str, MetadataValue]
     source: str                     # what the user named: a file, an index, a directory, a URL
-    # each file's source (tensorfs.source), by ModelFile.path: the very ones the files were
+    # each file's source (tensorfs.sources.local), by ModelFile.path: the very ones the files were
     # parsed from, so that a mount serves what it parsed.  Empty for a model built by hand.
     sources: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
     url: str | None = None          # the URL the user named (without credentials), if remote
     # the other files served whole in files/ (SPEC §11): an index, a directory's config and
-    # tokenizer files (tensorfs.wholefiles.Companion)
+    # tokenizer files (tensorfs.loading.wholefiles.Companion)
     companions: tuple = field(default=(), compare=False, repr=False)
 
     def close(self) -> None:

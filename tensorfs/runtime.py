@@ -259,7 +259,7 @@ def hide_from_cmdline(secrets: list[str]) -> None:
     ``/proc/self/stat``), as setproctitle does.  The daemon is a fork of this process and
     shows what it shows; done right after the arguments are parsed, before any request.
     Best effort: where the memory is not what cmdline shows, nothing is touched."""
-    import ctypes           # only with a secret to hide: runtime is on every command's path
+    import ctypes  # only with a secret to hide: runtime is on every command's path
 
     wanted = [s.encode("utf-8", "surrogateescape") for s in secrets if s]
     if not wanted:

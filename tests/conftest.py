@@ -18,8 +18,6 @@ import pytest
 # the helpers' asserts explain themselves as the tests' do (registered before the import)
 pytest.register_assert_rewrite("tests.support")
 from tests.support import RUNTIME_DIR, fuse_mounts_under, mounts_in  # noqa: E402 (as above)
-# re-exported: tests import them from here
-from tests.support import TENSORFS, run_tensorfs  # noqa: E402, F401 (as above; re-exported)
 
 _REMOTE = Path(__file__).resolve().parent / "remote"
 

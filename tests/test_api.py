@@ -15,15 +15,16 @@ import pytest
 from safetensors import safe_open
 
 import tensorfs
-from tests.support import safetensors_corpus
-from tests.conftest import run_tensorfs
+from tensorfs.dtypes import GGML_TYPES_BY_NAME
+from tests.support import (
+    convert_reference,  # tests/: the oracles for what gguf-py cannot dequantize
+    gguf_corpus,
+    run_tensorfs,
+    safetensors_corpus,
+)
 from tests.support.models import write_gguf, write_safetensors
 from tests.support.quant_blocks import HAND_TYPES, ROWS, WRITER_TYPES, expected_values, type_blocks
 from tests.support.shards import write_hf_shards, write_split_gguf
-from tests.support import gguf_corpus
-
-from tests.support import convert_reference     # tests/: the oracles for what gguf-py cannot dequantize
-from tensorfs.dtypes import GGML_TYPES_BY_NAME
 
 
 def _bits(a):
@@ -32,7 +33,7 @@ def _bits(a):
 
 def test_importing_tensorfs_stays_cheap():
     code = ("import sys, tensorfs; assert 'numpy' not in sys.modules, 'numpy'; "
-            "assert 'tensorfs.loader' not in sys.modules; tensorfs.open; tensorfs.ModelError; "
+            "assert 'tensorfs.loading.loader' not in sys.modules; tensorfs.open; tensorfs.ModelError; "
             "assert 'tensorfs.api' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 

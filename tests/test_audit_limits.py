@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from tests.models import write_safetensors
 from tests.support import fuse_mounts_under, run_tensorfs
+from tests.support.models import write_safetensors
 
 
 def _limited(n: int):

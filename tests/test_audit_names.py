@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.models import write_safetensors
 from tests.support import fuse_mounts_under, run_tensorfs
+from tests.support.models import write_safetensors
 
 
 def test_a_warning_before_the_log_exists_escapes_the_names_it_quotes(tmp_path):
-    from tensorfs.wholefiles import MAX_COMPANIONS
+    from tensorfs.loading.wholefiles import MAX_COMPANIONS
 
     directory = tmp_path / "model\x1b[31m\u202edir"
     directory.mkdir()

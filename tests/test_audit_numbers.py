@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.models import write_safetensors
-from tests.servers import Nginx
 from tests.support import run_tensorfs
+from tests.support.models import write_safetensors
+from tests.support.servers import Nginx
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The block cache of remote files (tensorfs.blockcache, docs/remote.md), against a real nginx
+"""The block cache of remote files (tensorfs.sources.blockcache, docs/remote.md), against a real nginx
 on 127.0.0.1 (tests/support/servers.py): the requests it makes are read from nginx's access log, the
 bytes it returns compared with the file's.  One request per block however many readers want
 it, adjacent missing blocks in one request, a small tensor whole, read-ahead that stays in
@@ -42,8 +42,8 @@ def server(tmp_path_factory):
 
 def _open(nginx, tmp_path, **settings):
     from tensorfs.cache import ByteLRU
-    from tensorfs.loader import load_model
-    from tensorfs.remote import RemoteSettings
+    from tensorfs.loading.loader import load_model
+    from tensorfs.sources.remote import RemoteSettings
 
     settings.setdefault("cache", ByteLRU(256 * MiB))
     model = load_model(f"{nginx.url}/files/m.safetensors", RemoteSettings(**settings))
@@ -237,8 +237,8 @@ def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
     reads the header and at most 1 MiB past it (SPEC §8), in a few requests."""
     import gguf
 
-    from tensorfs.loader import load_model
-    from tensorfs.remote import RemoteSettings
+    from tensorfs.loading.loader import load_model
+    from tensorfs.sources.remote import RemoteSettings
     from tests.support.models import finish_gguf
 
     nginx, _ = server
@@ -262,8 +262,8 @@ def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
 def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(server, tmp_path):
     """A mount (``start``) lets a block go once FUSE served all of it; a block someone still
     holds keeps its bytes while later blocks are received: bytes read stay the file's."""
-    from tensorfs import blockcache
     from tensorfs.cache import ByteLRU
+    from tensorfs.sources import blockcache
 
     nginx, local = server
     # a small cache: one block of read-ahead, so blocks are received after the held one

@@ -13,9 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import safetensors_corpus
-from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.support import usage_error
+from tests.support import TENSORFS, fuse_mounts_under, run_tensorfs, safetensors_corpus, usage_error
 from tests.support.models import write_gguf, write_safetensors
 
 try:

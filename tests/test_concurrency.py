@@ -22,8 +22,7 @@ import time
 
 import pytest
 
-from tests.conftest import fuse_mounts_under
-
+from tests.support import fuse_mounts_under
 from tests.support.reliability_models import alive, daemon_pid, npy_bytes, write_mixed_gguf
 
 pytestmark = pytest.mark.slow     # every test here runs for seconds

@@ -13,18 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf.quants
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-import gguf.quants
 from gguf import GGMLQuantizationType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensorfs.convert import Conversion, conversion_for, ggml, raw_only_reason
 from tensorfs.dtypes import GGML_TYPES_BY_NAME, SAFETENSORS_DTYPES
 from tensorfs.model import TensorInfo
-
 from tests.support import convert_reference
 from tests.support.quant_blocks import SCALE_FIELDS, oracle, random_blocks
 
@@ -68,7 +67,7 @@ def test_matches_oracle_bit_for_bit(name):
 
 @pytest.fixture(scope="module")
 def worker_pool():
-    from tensorfs.workers import WorkerPool
+    from tensorfs.convert.workers import WorkerPool
 
     pool = WorkerPool(2)
     pool.start(ahead=True)

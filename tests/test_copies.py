@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models import write_safetensors
 from tests.support import fuse_mounts_under, run_tensorfs
+from tests.support.models import write_safetensors
 from tests.support.users import needs_users
 
 

@@ -22,13 +22,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import RUNTIME_DIR, TENSORFS, fuse_mounts_under, run_tensorfs
+from tests.support import (
+    RUNTIME_DIR,
+    TENSORFS,
+    alive,
+    direct_read,
+    fuse_mounts_under,
+    run_tensorfs,
+    usage_error,
+    wait_for,
+)
 from tests.support.models import write_safetensors
-
-from tests.support import alive, direct_read, usage_error, wait_for
 from tests.support.reliability_models import slow_filesystem
 from tests.support.users import IS_ROOT, User, needs_users
-
 
 
 def _one_line(result, code=1) -> str:
@@ -50,7 +56,7 @@ def _runtime_files(mnt) -> list[str]:
 
 
 def _daemon_pid(mnt) -> int:
-    from tensorfs.daemon import daemon_pid
+    from tensorfs.mount.daemon import daemon_pid
 
     pid = daemon_pid(os.path.realpath(mnt))
     assert pid is not None
@@ -406,7 +412,7 @@ def test_list_tells_two_mounts_of_same_named_models_apart_and_a_changed_source(t
 
 
 def test_list_shows_a_url_without_its_credentials():
-    from tensorfs.cli import shown_source
+    from tensorfs.cli.main import shown_source
 
     assert shown_source("https://user:hunter2@example.org:8443/m.gguf?X-Amz-Signature=abc") == \
         "https://example.org:8443/m.gguf?…"

@@ -58,7 +58,7 @@ def _checkout_after_make_venv(target: Path) -> None:
     ours = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
     Path(site, "quickstart.pth").write_text("\n".join([str(target), *ours]) + "\n")
     script = venv / "bin" / "tensorfs"
-    script.write_text(f"#!{venv}/bin/python\nimport sys\nfrom tensorfs.cli import main\n"
+    script.write_text(f"#!{venv}/bin/python\nimport sys\nfrom tensorfs.cli.main import main\n"
                       "sys.exit(main())\n")
     script.chmod(0o755)
     (venv / ".installed").touch()

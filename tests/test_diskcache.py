@@ -1,5 +1,5 @@
 """The disk cache touches nothing it did not write (issue 21, SPEC §8, docs/reliability.md
-"The disk cache"), at the unit level: ``tensorfs.diskcache.DiskCache`` on a real directory,
+"The disk cache"), at the unit level: ``tensorfs.sources.diskcache.DiskCache`` on a real directory,
 several processes sharing it, no FUSE and no network.  The same classes through real mounts
 and nginx: tests/remote/test_remote_cache.py."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorfs.diskcache import DiskCache
+from tensorfs.sources.diskcache import DiskCache
 from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"     # the cache's own directory in DIR (written out: the contract)
@@ -402,7 +402,7 @@ def test_a_huge_file_under_a_blocks_name_is_not_read(tmp_path):
 WRITER = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[1])
-    from tensorfs.diskcache import DiskCache
+    from tensorfs.sources.diskcache import DiskCache
     directory, size, name, n, block = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
     key = DiskCache.object_key("http://127.0.0.1:1/" + name, "v", block)
     cache = DiskCache(directory, size)
@@ -515,8 +515,8 @@ def test_transports_name_their_endpoint(tmp_path):
     """Transport.identity: the same path through two endpoints is two identities (the
     disk cache key), and no credential is in it."""
     pytest.importorskip("obstore")
-    from tensorfs.remote import RemoteSettings
-    from tensorfs.transports import transport_for
+    from tensorfs.sources.remote import RemoteSettings
+    from tensorfs.sources.transports import transport_for
 
     def s3(endpoint):
         return transport_for("s3://models/m.safetensors",

@@ -97,8 +97,8 @@ def sha256(path) -> str:
 # -- the composer, without a mount -------------------------------------------------------------
 
 def _compose(model_path, state, store):
-    from tensorfs.compose import compose
-    from tensorfs.loader import load_model
+    from tensorfs.editing.compose import compose
+    from tensorfs.loading.loader import load_model
 
     model = load_model(str(model_path))
     f = model.files[0]
@@ -113,7 +113,7 @@ def _compose(model_path, state, store):
 def test_composed_gguf_is_what_gguf_py_writes(tmp_path, endian):
     """Keys set in place, a key deleted, keys added (string and uint64), a tensor replaced,
     one removed, one renamed: the composed file is the one GGUFWriter writes."""
-    from tensorfs.edits import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore, TensorEdit
 
     model = write_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors(), endian)
     store = EditStore(str(tmp_path / "edits"), [])
@@ -148,7 +148,7 @@ def test_composed_gguf_is_what_gguf_py_writes(tmp_path, endian):
 
 
 def test_composed_safetensors_loads_as_save_file_wrote_it(tmp_path):
-    from tensorfs.edits import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore, TensorEdit
 
     rng = np.random.default_rng(1)
     tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32),
@@ -195,7 +195,7 @@ _EDITS = st.lists(st.one_of(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=_EDITS)
 def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits):
-    from tensorfs.edits import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore, TensorEdit
 
     work = tmp_path_factory.mktemp("random")
     kvs = {"k.a": (1, GV.UINT32), "k.b": ("b", GV.STRING),
@@ -244,7 +244,7 @@ def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits
 # -- the store ---------------------------------------------------------------------------------
 
 def test_edits_dir_checked_like_the_disk_cache(tmp_path):
-    from tensorfs.edits import EditsError, EditStore
+    from tensorfs.editing.store import EditsError, EditStore
 
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o777)
@@ -558,7 +558,7 @@ def test_safetensors_metadata_and_npy_edits(tmp_path, mount):
 # -- shards and splits -------------------------------------------------------------------------
 
 def test_sharded_safetensors_each_shard_composed_and_the_index_follows(tmp_path, mount):
-    from tests.test_shards import safetensors_reference, write_hf_shards
+    from tests.support.shards import safetensors_reference, write_hf_shards
 
     index, tensors, weight_map = write_hf_shards(tmp_path / "hf")
     mnt = mount(index, "--edits", tmp_path / "fixes")
@@ -592,7 +592,7 @@ def test_sharded_safetensors_each_shard_composed_and_the_index_follows(tmp_path,
 
 
 def test_split_gguf_each_split_composed(tmp_path, mount):
-    from tests.test_shards import write_split_gguf
+    from tests.support.shards import write_split_gguf
 
     files, tensors = write_split_gguf(tmp_path / "gg")
     mnt = mount(files[0], "--edits", tmp_path / "fixes")
@@ -652,7 +652,7 @@ def test_general_alignment_edited_moves_the_data(tmp_path, mount):
 def test_a_remote_model_edited_its_bytes_through_the_block_cache(tmp_path, llama_model, mount):
     """A URL as MODEL: the edits live in DIR, the unchanged bytes come over HTTP."""
     pytest.importorskip("aiohttp")
-    from tests.servers import Nginx
+    from tests.support.servers import Nginx
 
     nginx = Nginx(tmp_path / "srv").start()
     try:
@@ -732,7 +732,7 @@ _ST_EDITS = st.lists(st.one_of(
 def test_random_edit_sequences_compose_as_save_file_writes(tmp_path_factory, edits):
     """The composed safetensors file loads (safe_open) as the one save_file writes for the
     same tensors and metadata."""
-    from tensorfs.edits import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore, TensorEdit
 
     work = tmp_path_factory.mktemp("st")
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),

@@ -12,10 +12,9 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.support.quant_blocks import oracle, random_blocks
-from tests.support import safetensors_corpus
-from tests.conftest import run_tensorfs
+from tests.support import run_tensorfs, safetensors_corpus
 from tests.support.facts_models import write_every_type_gguf
+from tests.support.quant_blocks import oracle, random_blocks
 
 LAYERS = 4
 KINDS = ("attn_q", "attn_k", "ffn_down")
@@ -186,7 +185,8 @@ def test_errors_exit_2_in_one_line(tmp_path):
 
 def test_pieces_and_threads_change_nothing(tmp_path, monkeypatch):
     import tensorfs
-    from tensorfs import diff, facts
+    from tensorfs.facts import common as facts
+    from tensorfs.facts import diff
 
     fa, fb, values = write_pair(tmp_path)
     monkeypatch.setattr(facts, "TASK_BYTES", 1)
@@ -220,9 +220,9 @@ def test_plot_draws_every_compared_tensor_on_the_band_it_belongs_to(tmp_path):
     pytest.importorskip("matplotlib")
     from safetensors.numpy import save_file
 
-    from tensorfs.diff import model_diff
-    from tensorfs.facts import open_model
-    from tensorfs.factsplot import plot_diff
+    from tensorfs.facts.common import open_model
+    from tensorfs.facts.diff import model_diff
+    from tensorfs.facts.plot import plot_diff
 
     rng = np.random.default_rng(5)
     a, b = {}, {}

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tensorfs.facts import MANIFEST_LIMIT
-from tests.conftest import run_tensorfs
+from tensorfs.facts.common import MANIFEST_LIMIT
+from tests.support import run_tensorfs
 from tests.support.users import IS_ROOT, needs_users  # noqa: F401 (users: a conftest fixture)
 
 PNG = b"\x89PNG\r\n\x1a\n"

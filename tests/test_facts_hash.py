@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 import xxhash
 
-from tests.conftest import run_tensorfs
-from tests.support.facts_models import (write_every_type_gguf, write_every_type_safetensors,
-                                write_hand_gguf)
+from tests.support import run_tensorfs
+from tests.support.facts_models import (
+    write_every_type_gguf,
+    write_every_type_safetensors,
+    write_hand_gguf,
+)
 from tests.support.models import write_safetensors
 from tests.support.shards import write_hf_shards, write_split_gguf
 
@@ -290,7 +293,8 @@ def test_pieces_and_lanes_give_the_same_values(every, monkeypatch):
     """The library's pipeline with pieces of a few bytes and one to five lanes: the seams
     between pieces and the hand-over between lanes change nothing."""
     import tensorfs
-    from tensorfs import facts, hashing
+    from tensorfs.facts import common as facts
+    from tensorfs.facts import hashing
 
     d, expected, _ = every
     want = tfs("--all", "--uuid", "every.gguf", cwd=d).stdout

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from safetensors.numpy import save_file
 
-from tensorfs.diff import Sums, TensorDiff, _sums
-from tensorfs.facts import Scratch
-from tensorfs.stats import Moments, moments
-from tests.conftest import run_tensorfs
+from tensorfs.facts.common import Scratch
+from tensorfs.facts.diff import Sums, TensorDiff, _sums
+from tensorfs.facts.stats import Moments, moments
+from tests.support import run_tensorfs
 
 DTYPES = (np.float64, np.float32, np.float16)
 

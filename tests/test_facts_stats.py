@@ -10,9 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import run_tensorfs
-from tests.support.facts_models import (write_every_type_gguf, write_every_type_safetensors,
-                                write_hand_gguf)
+from tests.support import run_tensorfs
+from tests.support.facts_models import (
+    write_every_type_gguf,
+    write_every_type_safetensors,
+    write_hand_gguf,
+)
 
 
 def oracle_stats(values: np.ndarray) -> dict:
@@ -80,7 +83,8 @@ def test_pieces_and_threads_change_nothing(models, monkeypatch):
     """Pieces of a few blocks, tasks of one piece, one to five threads: the merge of
     moments across pieces gives numpy's values."""
     import tensorfs
-    from tensorfs import facts, stats
+    from tensorfs.facts import common as facts
+    from tensorfs.facts import stats
 
     d, written = models
     monkeypatch.setattr(facts, "TASK_BYTES", 1)
@@ -148,9 +152,9 @@ def test_plot_draws_zero_on_a_band_not_at_a_made_up_height(tmp_path):
     pytest.importorskip("matplotlib")
     from safetensors.numpy import save_file
 
-    from tensorfs.facts import open_model
-    from tensorfs.factsplot import plot_stats
-    from tensorfs.stats import model_stats
+    from tensorfs.facts.common import open_model
+    from tensorfs.facts.plot import plot_stats
+    from tensorfs.facts.stats import model_stats
 
     save_file({"a": np.linspace(-1, 1, 8).astype(np.float32), "zeros": np.zeros(4, np.float32),
                "constant": np.full(4, 3, np.float32)}, str(tmp_path / "m.safetensors"))

@@ -24,10 +24,19 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from tests.support.reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
+from tests.support import (
+    EIO,
+    alive,
+    daemon_pid,
+    direct_read,
+    fuse_mounts_under,
+    read_errno,
+    run_tensorfs,
+    wait_for,
+    waiting_on_fuse,
+)
 from tests.support.models import write_safetensors
-from tests.support import (EIO, alive, daemon_pid, direct_read, fuse_mounts_under, read_errno,
-                           run_tensorfs, wait_for, waiting_on_fuse)
+from tests.support.reliability_models import npy_bytes, slow_filesystem, write_mixed_gguf
 
 
 def _log(path) -> str:
@@ -295,10 +304,10 @@ def test_source_on_a_slow_filesystem(tmp_path, slow_dir, mount):   # mount goes 
 # -- what the change check costs (measured only: TENSORFS_MEASURE=1) ------------------------
 
 _SERVE_WITHOUT_CHECK = (
-    "import sys, tensorfs.source as s\n"
+    "import sys, tensorfs.sources.local as s\n"
     "if sys.argv[1] == 'off':\n"
     "    s.ModelSource._verify = lambda self, offset, size: None\n"
-    "from tensorfs.cli import main\n"
+    "from tensorfs.cli.main import main\n"
     "sys.exit(main(sys.argv[2:]))\n")
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.models import write_safetensors
 from tests.support import TENSORFS, alive, run_tensorfs, wait_for
+from tests.support.models import write_safetensors
 from tests.support.users import needs_users
 
 ROOT = Path(__file__).resolve().parent.parent

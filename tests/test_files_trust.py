@@ -24,8 +24,8 @@ from safetensors.numpy import save_file
 
 from tests.support.commands import TENSORFS, run_tensorfs
 from tests.support.mounts import fuse_mounts_under
+from tests.support.shards import write_hf_shards
 from tests.support.users import needs_users
-from tests.test_shards import write_hf_shards
 
 
 @pytest.fixture

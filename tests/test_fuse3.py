@@ -1,4 +1,4 @@
-"""What the libfuse 3 binding (tensorfs/fuse3.py) promises, seen through real mounts:
+"""What the libfuse 3 binding (tensorfs/mount/fuse3.py) promises, seen through real mounts:
 listings that span many readdir pages, attributes given with a listing, `-o` options it
 answers itself, the read-ahead window it sets, and errors it refuses with."""
 
@@ -14,8 +14,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests.conftest import run_tensorfs
-from tests.support import usage_error
+from tests.support import run_tensorfs, usage_error
 from tests.support.models import write_safetensors
 
 
@@ -72,7 +71,7 @@ def test_nothreads_serves(tmp_path, mount):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the read-ahead window is set as root only")
 def test_the_mount_reads_ahead_one_mib(tmp_path, mount):
-    from tensorfs.fusefs import READ_AHEAD_KIB
+    from tensorfs.mount.adapter import READ_AHEAD_KIB
     from tensorfs.runtime import mount_device
 
     path = tmp_path / "model.safetensors"
@@ -115,7 +114,7 @@ def test_timeouts_and_always_on_options_are_accepted(tmp_path, mount):
 
 
 def test_every_listing_page_comes_with_attributes(tmp_path, mount):
-    # READDIRPLUS_AUTO off (tensorfs.fuse3.Session._unset_want, a different field per libfuse
+    # READDIRPLUS_AUTO off (tensorfs.mount.fuse3.Session._unset_want, a different field per libfuse
     # version): with it on, the kernel asks for the pages after a listing's first without
     # attributes, and `find` then looks up every entry on them.
     path = tmp_path / "many.safetensors"

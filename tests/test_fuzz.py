@@ -168,7 +168,7 @@ def test_regression_corpus_is_not_empty_and_documented():
 def test_regression_inputs(path, tmp_path):
     data = path.read_bytes()
     fz.check_both(data, prefix=16)
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.sources.modelfile import parse_model_file
 
     copy = tmp_path / path.name
     copy.write_bytes(data)
@@ -264,7 +264,7 @@ def test_harness_catches_a_foreign_exception(monkeypatch):
 
 def test_harness_catches_names_that_cost_memory_quadratic_in_their_depth(monkeypatch):
     """The old rule-5 walk, which kept every parent path of every name, is caught."""
-    from tensorfs import namespace
+    from tensorfs.views import names as namespace
 
     real = namespace._continued
 

@@ -17,17 +17,17 @@ import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFEndian, GGUFValueType as VT
+from gguf import GGUFEndian
+from gguf import GGUFValueType as VT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from tests.support import gguf_corpus as corpus
 
 from tensorfs.dtypes import GGML_TYPES
 from tensorfs.errors import GGUFError
 from tensorfs.formats import NeedMoreBytes
 from tensorfs.formats.gguf import KINDS, MAX_ARRAY_DEPTH, looks_like_gguf, parse_gguf
 from tensorfs.model import ModelFile
+from tests.support import gguf_corpus as corpus
 
 ENDIANS = {"little": GGUFEndian.LITTLE, "big": GGUFEndian.BIG}
 TYPE_NAMES = {VT.UINT8: "uint8", VT.INT8: "int8", VT.UINT16: "uint16", VT.INT16: "int16",

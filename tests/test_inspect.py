@@ -14,8 +14,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests.support import safetensors_corpus
-from tests.conftest import run_tensorfs
+from tests.support import run_tensorfs, safetensors_corpus
 from tests.support.models import write_gguf
 from tests.support.shards import write_hf_shards, write_split_gguf
 

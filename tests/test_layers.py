@@ -4,7 +4,7 @@ edge, those inside functions included.  The graph has no cycle, and a module imp
 modules of its own layer or of a layer below.
 
 ``LAYERS`` declares the order; ``MODULE_LAYERS`` places each module by its dotted name's
-longest matching prefix, so that a folder (``tensorfs.transports``) is placed whole.  A new
+longest matching prefix, so that a folder (``tensorfs.sources.transports``) is placed whole.  A new
 module is placed here before it is used."""
 
 from __future__ import annotations
@@ -16,64 +16,40 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tensorfs"
 
-# Lowest first: a layer may use every layer before it, never one after it.
+# Lowest first: a layer may use every layer before it, never one after it.  Each folder of
+# tensorfs/ is one layer (``mount`` two: the tree it serves below the FUSE side that serves it).
 LAYERS = [
-    "core",         # errors, the model's description, types, the runtime directory, caches
-    "formats",      # the parsers: bytes in, a ModelFile out
-    "convert",      # stored types to float32, the plan of each tensor's views, the workers
-    "sources",      # where the bytes live: local files, URLs, transports, block and disk caches
-    "views",        # byte views of a source, and the tree of names they are served under
-    "loading",      # a model loaded: its shards, its files whole
-    "api",          # the Python API
-    "facts",        # hash, stats, diff
-    "tree",         # what a mount serves: the tree of views, metadata.json, metadata/
-    "fuse",         # the FUSE binding, its Operations, the adapter, the daemon
-    "cli",          # the command line
+    "core",         # tensorfs/*.py: errors, the model's description, types, runtime, caches
+    "formats",      # formats/: the parsers, bytes in, a ModelFile out
+    "convert",      # convert/: stored types to float32, each tensor's view plan, the workers
+    "editing",      # editing/: the edit store in DIR and the composer of an edited file
+    "sources",      # sources/: where the bytes live: local files, URLs, transports, caches
+    "views",        # views/: byte views of a source, and the naming rule that places them
+    "loading",      # loading/: a model loaded: its shards, its files whole
+    "api",          # api.py: the Python API
+    "facts",        # facts/: hash, stats, diff
+    "tree",         # mount/: what a mount serves: the tree, metadata.json, metadata/, edits
+    "fuse",         # mount/: the FUSE binding, its Operations, the adapter, the daemon
+    "cli",          # cli/: the command line
 ]
 
 MODULE_LAYERS = {
     "tensorfs": "core",
-    "tensorfs.errors": "core",
-    "tensorfs.dtypes": "core",
-    "tensorfs.model": "core",
-    "tensorfs.runtime": "core",
-    "tensorfs.status": "core",
-    "tensorfs.cache": "core",
-    "tensorfs.budget": "core",
     "tensorfs.formats": "formats",
     "tensorfs.convert": "convert",
-    "tensorfs.plan": "convert",
-    "tensorfs.workers": "convert",
-    "tensorfs.source": "sources",
-    "tensorfs.modelfile": "sources",
-    "tensorfs.location": "sources",
-    "tensorfs.blockcache": "sources",
-    "tensorfs.diskcache": "sources",
-    "tensorfs.transports": "sources",
-    "tensorfs.remote": "sources",
-    "tensorfs.urls": "sources",
+    "tensorfs.editing": "editing",
+    "tensorfs.sources": "sources",
     "tensorfs.views": "views",
-    "tensorfs.namespace": "views",
-    "tensorfs.shards": "loading",
-    "tensorfs.wholefiles": "loading",
-    "tensorfs.loader": "loading",
+    "tensorfs.loading": "loading",
     "tensorfs.api": "api",
-    "tensorfs.facts": "facts",          # tensorfs.facts_commands is the CLI's (below)
-    "tensorfs.hashing": "facts",
-    "tensorfs.stats": "facts",
-    "tensorfs.diff": "facts",
-    "tensorfs.factsplot": "facts",
-    "tensorfs.mounttree": "tree",
-    "tensorfs.metadata_json": "tree",
-    "tensorfs.metadata_files": "tree",
-    "tensorfs.mountoptions": "fuse",
-    "tensorfs.fuse3": "fuse",
-    "tensorfs.operations": "fuse",
-    "tensorfs.fusefs": "fuse",
-    "tensorfs.daemon": "fuse",
+    "tensorfs.facts": "facts",
+    "tensorfs.mount": "tree",
+    "tensorfs.mount.options": "fuse",
+    "tensorfs.mount.fuse3": "fuse",
+    "tensorfs.mount.operations": "fuse",
+    "tensorfs.mount.adapter": "fuse",
+    "tensorfs.mount.daemon": "fuse",
     "tensorfs.cli": "cli",
-    "tensorfs.facts_commands": "cli",
-    "tensorfs.inspect": "cli",
     "tensorfs.__main__": "cli",
 }
 
@@ -168,9 +144,9 @@ def test_no_module_imports_a_layer_above_its_own():
     assert upward == [], "\n".join(upward)
 
 
-@pytest.mark.parametrize("module, expected", [("tensorfs.transports.hub", "sources"),
+@pytest.mark.parametrize("module, expected", [("tensorfs.sources.transports.hub", "sources"),
                                               ("tensorfs.convert.ggml", "convert"),
-                                              ("tensorfs.fusefs", "fuse")])
+                                              ("tensorfs.mount.adapter", "fuse")])
 def test_a_module_is_placed_by_its_longest_prefix(module, expected):
     assert layer_of(module) == expected
 
@@ -180,8 +156,19 @@ def test_the_checks_see_a_cycle_and_an_upward_import():
     the FUSE layer added to the lowest source module."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     graph = import_graph()
-    assert graph["tensorfs.fusefs"] >= {"tensorfs.fuse3", "tensorfs.namespace"}
+    assert graph["tensorfs.mount.adapter"] >= {"tensorfs.mount.fuse3", "tensorfs.views.names"}
     rank = {layer: i for i, layer in enumerate(LAYERS)}
-    graph["tensorfs.source"].add("tensorfs.fusefs")
+    graph["tensorfs.sources.local"].add("tensorfs.mount.adapter")
     assert any(rank[layer_of(d)] > rank[layer_of(m)] for m, imported in graph.items()
                for d in imported)
+
+
+def test_every_folder_is_a_layer():
+    """The layers are folders: each package of tensorfs/ is placed whole, by its own name,
+    and no module sits at the top but the core's and the API's."""
+    folders = sorted(f"tensorfs.{p.name}" for p in PACKAGE.iterdir()
+                     if p.is_dir() and (p / "__init__.py").exists())
+    assert folders and all(f in MODULE_LAYERS for f in folders), folders
+    top = sorted(m for m in modules() if m.count(".") == 1 and m not in MODULE_LAYERS
+                 and f"{m}" not in folders)
+    assert all(layer_of(m) == "core" for m in top), top

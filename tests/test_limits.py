@@ -18,15 +18,15 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from tests.support import TENSORFS, fuse_mounts_under, run_tensorfs
 from tests.support import gguf_corpus as gc
 from tests.support import safetensors_corpus as sc
-from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.support.shards import INDEX, refused_by_both, one, write_hf_shards
-
 from tests.support.reliability_models import daemon_pid
+from tests.support.shards import INDEX, one, refused_by_both, write_hf_shards
 
 
 def _strict(text):
@@ -174,7 +174,7 @@ def test_a_generated_view_read_by_interleaved_readers_in_process():
     import random
 
     from tensorfs.cache import ByteLRU
-    from tensorfs.views import GeneratedView
+    from tensorfs.views.byteviews import GeneratedView
 
     data = random.Random(1).randbytes(3_000_000)
     view = GeneratedView(ByteLRU(1), "k",
@@ -199,7 +199,7 @@ def test_a_generated_view_read_by_interleaved_readers_in_process():
 # -- memory linear in the input, for every name shape ----------------------------------------
 
 _PEAK = ("import sys\n"
-         "from tensorfs.cli import main\n"
+         "from tensorfs.cli.main import main\n"
          "try:\n"
          "    code = main(sys.argv[2:])\n"
          "finally:\n"
@@ -447,7 +447,7 @@ def test_a_shard_that_is_a_directory_is_not_called_missing(tmp_path):
 def test_a_huge_sparse_index_is_refused_before_it_is_read(tmp_path, given):
     """A sparse 900 MB index cost 1.9 GB before it was refused; now its size is checked
     with fstat first (MAX_INDEX_BYTES, docs/limits.md)."""
-    from tensorfs.shards import MAX_INDEX_BYTES
+    from tensorfs.loading.shards import MAX_INDEX_BYTES
 
     directory = tmp_path / "hf"
     index, _, _ = write_hf_shards(directory, 2)
@@ -475,10 +475,10 @@ def test_a_fifo_as_an_index_in_a_directory_does_not_block(tmp_path):
 def test_a_sparse_gguf_claiming_a_huge_header_is_refused_before_it_is_read(tmp_path, claim):
     """A string (or an array) of gigabytes that a sparse file's size allows: it was read
     whole (MemoryError, or the machine's memory).  The header read is capped
-    (tensorfs.modelfile.MAX_HEADER_READ), checked before reading."""
+    (tensorfs.sources.modelfile.MAX_HEADER_READ), checked before reading."""
     import struct
 
-    from tensorfs.modelfile import MAX_HEADER_READ
+    from tensorfs.sources.modelfile import MAX_HEADER_READ
 
     model = tmp_path / "sparse.gguf"
     head = b"GGUF" + struct.pack("<I", 3)

@@ -9,8 +9,8 @@ import os
 
 from safetensors.numpy import load_file
 
-from tests.models import write_safetensors
 from tests.support import read_errno, run_tensorfs
+from tests.support.models import write_safetensors
 
 
 def _row(mnt) -> dict:
@@ -76,7 +76,7 @@ def test_the_log_counts_one_tensor_as_one(tmp_path, mount):
 
 def test_what_still_reads_is_said_for_each_kind_of_file():
     """The words of ``list`` for each file a source may report, from the sources' own
-    reasons (tensorfs/source.py, tensorfs/remote.py)."""
+    reasons (tensorfs/sources/local.py, tensorfs/sources/remote.py)."""
     from tensorfs.status import explained
 
     files = {"/m/a.safetensors": {"name": "files/a.safetensors", "tensors": 3},

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensorfs
-from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.support import fuse_mounts_under, run_tensorfs
 
 
 def _torch_zip(path):

@@ -16,7 +16,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests.conftest import fuse_mounts_under, run_tensorfs
+from tests.support import fuse_mounts_under, run_tensorfs
 from tests.support.models import GGUF_ARRAYS, GGUF_KV
 
 GV = gguf.GGUFValueType
@@ -201,8 +201,8 @@ def test_a_large_vocabulary_has_its_size_at_stat_and_reads_at_any_offset(gguf_mo
 def test_array_text_view_reads_any_range_in_process():
     """The view itself, without the kernel's page-aligned reads in between."""
     from tensorfs.cache import ByteLRU
-    from tensorfs.metadata_files import CHUNK_ELEMENTS, ArrayTextView
     from tensorfs.model import MetadataValue
+    from tensorfs.mount.metadata_files import CHUNK_ELEMENTS, ArrayTextView
 
     items = [f"t{i}" + ("\n" * (i % 3)) for i in range(3 * CHUNK_ELEMENTS + 5)]
     expected = "".join(s.replace("\n", "\\n") + "\n" for s in items).encode()
@@ -253,7 +253,7 @@ def test_a_model_without_metadata_has_an_empty_metadata_directory(tmp_path, moun
 
 
 def test_escaping_rules_in_process():
-    from tensorfs.metadata_files import escape_element, metadata_file_name, render_lines
+    from tensorfs.mount.metadata_files import escape_element, metadata_file_name, render_lines
 
     assert escape_element("a\nb\\c\r\t\x00\x7f") == "a\\nb\\\\c\\r\\t\\x00\\x7f"
     assert escape_element(b"\xff".decode("utf-8", "surrogateescape")) == "\\xff"

@@ -7,27 +7,25 @@ import io
 import json
 import os
 
+import gguf
 import ml_dtypes
 import numpy as np
 import pytest
-import gguf
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tensorfs.convert import conversion_for
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
-from tensorfs.loader import load_model
-from tensorfs.views import CHUNK_OUTPUT_BYTES
-from tests.support import gguf_corpus, safetensors_corpus
-from tests.conftest import run_tensorfs
-
+from tensorfs.loading.loader import load_model
+from tensorfs.views.byteviews import CHUNK_OUTPUT_BYTES
+from tests.support import gguf_corpus, run_tensorfs, safetensors_corpus
+from tests.support.quant_blocks import HAND_TYPES, ROWS, WRITER_TYPES, expected_values, type_blocks
 from tests.support.reliability_models import wait_for
 
-from tests.support.quant_blocks import (HAND_TYPES, ROWS, WRITER_TYPES, expected_values,
-                                        type_blocks)
 
 @pytest.fixture(scope="module", params=["2", "0"], ids=["workers2", "workers0"])
 def converted_mount(tmp_path_factory, request):
-    """Both ways of converting: two worker processes (tensorfs.workers) and in-thread."""
+    """Both ways of converting: two worker processes (tensorfs.convert.workers) and in-thread."""
     base = tmp_path_factory.mktemp("converted")
     expected = {}
     writer = gguf.GGUFWriter(str(base / "writer.gguf"), "llama")

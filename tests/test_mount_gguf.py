@@ -10,9 +10,9 @@ import random
 import subprocess
 import threading
 
+import gguf
 import numpy as np
 import pytest
-import gguf
 
 from tests.support.models import GGUF_ARRAYS, GGUF_KV, finish_gguf, write_gguf
 

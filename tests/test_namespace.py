@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tensorfs.namespace import RESERVED_TOP_LEVEL, DirNode, Tree, tensor_paths
+from tensorfs.views.names import RESERVED_TOP_LEVEL, DirNode, Tree, tensor_paths
 
 name_text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 dotted = st.lists(st.sampled_from(["a", "b", "", "metadata", "headers", "npy", "raw", "%",

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from tests.conftest import fuse_mounts_under
+from tests.support import fuse_mounts_under
 from tests.support.models import write_safetensors
 
 PRETEND = ("import platform, sys; platform.system = lambda: {system!r}; "
            "platform.machine = lambda: {machine!r}; "
-           "from tensorfs.cli import main; sys.exit(main())")
+           "from tensorfs.cli.main import main; sys.exit(main())")
 
 
 @pytest.mark.parametrize("system,machine,said", [

@@ -19,15 +19,18 @@ import safetensors.numpy as st_numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor
-
 from tensorfs.dtypes import SAFETENSORS_DTYPES
 from tensorfs.errors import SafetensorsError
 from tensorfs.formats import NeedMoreBytes
 from tensorfs.formats import safetensors as parser_module
 from tensorfs.formats.safetensors import (
-    ERROR_KINDS, MAX_HEADER_SIZE, looks_like_safetensors, parse_safetensors)
+    ERROR_KINDS,
+    MAX_HEADER_SIZE,
+    looks_like_safetensors,
+    parse_safetensors,
+)
 from tensorfs.model import ModelFile
+from tests.support.safetensors_corpus import CASES, VALID_ODD, build, frame, pad8, tensor
 
 NUMPY_DTYPES = {
     np.bool_: "BOOL", np.uint8: "U8", np.int8: "I8", np.uint16: "U16", np.int16: "I16",

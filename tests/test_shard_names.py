@@ -1,6 +1,6 @@
 """An index cannot reach outside its directory (issue 21, SPEC §6, docs/reliability.md "Shard
 names"): every name a model's own files or a directory listing give for a sibling file is
-checked by one rule (``tensorfs.location.name_problem``) before anything is opened, the same
+checked by one rule (``tensorfs.sources.location.name_problem``) before anything is opened, the same
 for a local directory and every transport.  Where the name is a real file here, the old code
 opened it: each case below is a file the mount must not read."""
 
@@ -11,10 +11,16 @@ import os
 
 import pytest
 
-from tensorfs.location import MAX_NAME_BYTES, name_problem
-from tensorfs.shards import MAX_SHARDS
-from tests.support.shards import INDEX, refused_by_both, one, write_gguf_shard, write_hf_shards, \
-    write_split_gguf
+from tensorfs.loading.shards import MAX_SHARDS
+from tensorfs.sources.location import MAX_NAME_BYTES, name_problem
+from tests.support.shards import (
+    INDEX,
+    one,
+    refused_by_both,
+    write_gguf_shard,
+    write_hf_shards,
+    write_split_gguf,
+)
 
 # Names a hostile index may give, each a different way of leaving the directory or of
 # meaning another file to some server; the comment says who would decode it.

@@ -17,19 +17,17 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tests.conftest import run_tensorfs
-from tests.support.shards import (INDEX, one, refused_by_both, shard_name,
-                                  write_gguf_shard, write_hf_shards, write_split_gguf)
-
-def safetensors_reference(index: Path) -> dict[str, tuple[np.ndarray, str]]:
-    """tensor -> (array, shard file name), read by safe_open from every shard the index names."""
-    weight_map = json.loads(index.read_text())["weight_map"]
-    out = {}
-    for shard in sorted(set(weight_map.values())):
-        with safe_open(str(index.parent / shard), "numpy") as f:
-            for name in f.keys():
-                out[name] = (f.get_tensor(name), shard)
-    return out
+from tests.support import run_tensorfs
+from tests.support.shards import (
+    INDEX,
+    one,
+    refused_by_both,
+    safetensors_reference,
+    shard_name,
+    write_gguf_shard,
+    write_hf_shards,
+    write_split_gguf,
+)
 
 
 def gguf_reference(files: list[Path]) -> dict[str, tuple[np.ndarray, str, int]]:
@@ -402,9 +400,9 @@ REFUSALS = [   # (builder, the ShardError kind, or None for a shard the parser r
 
 @pytest.mark.parametrize("build,kind", REFUSALS, ids=[f.__name__.strip("_") for f, _ in REFUSALS])
 def test_broken_shard_sets_are_refused_with_one_line(tmp_path, build, kind):
-    from tensorfs import shards
     from tensorfs.errors import ModelError, ShardError
-    from tensorfs.loader import load_model
+    from tensorfs.loading import shards
+    from tensorfs.loading.loader import load_model
 
     model, expect = build(tmp_path)
     names_model = model.is_file() and kind is not None      # a broken shard: its own name
@@ -427,7 +425,7 @@ def test_broken_shard_sets_are_refused_with_one_line(tmp_path, build, kind):
     '{"weight_map": {"a": "s"}, "metadata": {"d": ' + "[" * 150 + "]" * 150 + "}}",
 ])
 def test_an_index_without_duplicates_reads_as_json_loads_does(tmp_path, text):
-    from tensorfs import shards
+    from tensorfs.loading import shards
 
     path = tmp_path / INDEX
     path.write_text(text)
@@ -447,8 +445,8 @@ def test_an_index_without_duplicates_reads_as_json_loads_does(tmp_path, text):
     ('{"weight_map": {}, "weight_map": {}}', "weight_map"),
 ])
 def test_an_index_with_a_duplicate_key_isrefused_by_both(tmp_path, text, key):
-    from tensorfs import shards
     from tensorfs.errors import ShardError
+    from tensorfs.loading import shards
 
     assert shards._decoded_if_unique(text) is shards._UNDECIDED
     path = tmp_path / INDEX
@@ -459,8 +457,8 @@ def test_an_index_with_a_duplicate_key_isrefused_by_both(tmp_path, text, key):
 
 
 def test_the_shards_match_their_index_only_when_each_tensor_is_where_it_says(tmp_path):
-    from tensorfs import shards
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.loading import shards
+    from tensorfs.sources.modelfile import parse_model_file
 
     index, _, weight_map = write_hf_shards(tmp_path / "hf")
     names = sorted(set(weight_map.values()))

@@ -18,10 +18,18 @@ import time
 
 import pytest
 
-from tests.support.reliability_models import slow_filesystem, write_mixed_gguf
-from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
-                           run_tensorfs, wait_for, waiting_on_fuse)
+from tests.support import (
+    TENSORFS,
+    alive,
+    daemon_pid,
+    fuse_mounts_under,
+    in_fuse_request,
+    run_tensorfs,
+    wait_for,
+    waiting_on_fuse,
+)
 from tests.support.bigmodels import write_sparse_safetensors
+from tests.support.reliability_models import slow_filesystem, write_mixed_gguf
 
 pytestmark = pytest.mark.slow     # every test here runs for seconds
 
@@ -102,7 +110,7 @@ def mnt(tmp_path):
     path.mkdir()
     yield path
     if fuse_mounts_under(path):
-        from tensorfs.daemon import daemon_pid
+        from tensorfs.mount.daemon import daemon_pid
 
         pid = daemon_pid(str(path))
         if pid is not None:

@@ -11,7 +11,7 @@ import os
 import numpy as np
 from safetensors.numpy import save_file
 
-from tests.conftest import run_tensorfs
+from tests.support import run_tensorfs
 from tests.support.shards import INDEX, write_hf_shards
 
 
@@ -67,9 +67,9 @@ def test_a_file_renamed_over_the_path_during_the_parse_is_not_mixed_in(tmp_path)
     """The loader opens the file, then parses and serves that descriptor: another file put
     at the path in between (here: right after the open) is never read."""
     from tensorfs.budget import MemoryBudget
-    from tensorfs.location import LocalLocation
-    from tensorfs.mounttree import build_mount
-    from tensorfs import shards
+    from tensorfs.loading import shards
+    from tensorfs.mount.tree import build_mount
+    from tensorfs.sources.location import LocalLocation
 
     path = tmp_path / "model.safetensors"
     _model(path, 1.0)
@@ -95,8 +95,8 @@ def test_a_file_rewritten_in_place_during_the_parse_is_refused(tmp_path):
     path = tmp_path / "model.safetensors"
     _model(path, 1.0)
     from tensorfs.errors import ModelError
-    from tensorfs.location import LocalLocation
-    from tensorfs import shards
+    from tensorfs.loading import shards
+    from tensorfs.sources.location import LocalLocation
 
     location = LocalLocation()
     location.open(str(path))
@@ -116,7 +116,7 @@ def test_a_file_rewritten_in_place_during_the_parse_is_refused(tmp_path):
 
 
 def test_load_model_keeps_the_sources_it_parsed_from(tmp_path):
-    from tensorfs.loader import load_model
+    from tensorfs.loading.loader import load_model
 
     index, _, weight_map = write_hf_shards(tmp_path / "hf", 3)
     model = load_model(str(index))

@@ -10,8 +10,8 @@ import pytest
 
 import tensorfs
 from tensorfs.errors import ModelError
-from tests.models import write_gguf, write_safetensors
 from tests.support import run_tensorfs
+from tests.support.models import write_gguf, write_safetensors
 
 TRUNCATED = "the file looks truncated"
 # below these sizes no format can be told from the bytes (GGUF's magic; safetensors' length
@@ -55,7 +55,7 @@ def test_the_commands_line_says_truncated_and_what_to_check(kind, tmp_path):
 
 
 def test_a_truncated_shard_is_named(tmp_path):
-    from tests.test_shards import write_hf_shards
+    from tests.support.shards import write_hf_shards
 
     index, _, weight_map = write_hf_shards(tmp_path / "sharded")
     shard = index.parent / sorted(set(weight_map.values()))[-1]

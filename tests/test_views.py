@@ -11,9 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.support import safetensors_corpus
-from tests.conftest import run_tensorfs
-from tests.support import usage_error
+from tests.support import run_tensorfs, safetensors_corpus, usage_error
 from tests.support.models import finish_gguf
 
 

@@ -1,4 +1,4 @@
-"""Conversion worker processes (tensorfs.workers) through real mounts: parallel readers
+"""Conversion worker processes (tensorfs.convert.workers) through real mounts: parallel readers
 against the oracle, a worker killed in the middle of a read, and no process left behind
 whichever way the mount ends."""
 
@@ -21,11 +21,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import safetensors_corpus
-from tests.conftest import run_tensorfs
-
-from tests.support import (TENSORFS, alive, daemon_pid, fuse_mounts_under, in_fuse_request,
-                           usage_error, wait_for)
+from tests.support import (
+    TENSORFS,
+    alive,
+    daemon_pid,
+    fuse_mounts_under,
+    in_fuse_request,
+    run_tensorfs,
+    safetensors_corpus,
+    usage_error,
+    wait_for,
+)
 from tests.support.reliability_models import npy_bytes, write_mixed_gguf
 from tests.support.users import needs_users
 
@@ -41,7 +47,7 @@ def model(tmp_path_factory):
 
 
 def _workers_of(pid: int) -> list[int]:
-    """The daemon's worker processes (its children running tensorfs.workers)."""
+    """The daemon's worker processes (its children running tensorfs.convert.workers)."""
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -49,7 +55,7 @@ def _workers_of(pid: int) -> list[int]:
                 found += [int(c) for c in f.read().split()]
         except OSError:
             pass
-    return [c for c in found if b"tensorfs.workers" in _cmdline(c)]
+    return [c for c in found if b"tensorfs.convert.workers" in _cmdline(c)]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -67,7 +73,7 @@ def _running(pid: int) -> bool:
             state = f.read().rsplit(b")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state not in (b"Z", b"X") and b"tensorfs.workers" in _cmdline(pid)
+    return state not in (b"Z", b"X") and b"tensorfs.convert.workers" in _cmdline(pid)
 
 
 def _wait_workers(pid: int, n: int, exclude=()) -> list[int]:
@@ -259,7 +265,7 @@ def test_a_negative_worker_count_is_one_usage_line(model, tmp_path):
 def test_more_workers_than_the_machine_can_use_is_one_usage_line(model, tmp_path):
     """The review's --workers 1000 on 2 CPUs started hundreds of interpreters: refused,
     naming the most this machine takes (4 per usable CPU); the most is taken."""
-    from tensorfs.workers import max_workers
+    from tensorfs.convert.workers import max_workers
 
     path, _ = model
     mnt = tmp_path / "m"
@@ -298,7 +304,7 @@ def test_workers_that_cannot_start_under_a_process_limit_are_given_up_in_two_lin
     failure and gives up after a few (one line when it starts failing, one when it gives
     up: the review saw ~900 lines a second), every byte read is still right (converted in
     the daemon's threads or by the workers that did start), and unmount ends the daemon."""
-    from tensorfs.workers import max_workers
+    from tensorfs.convert.workers import max_workers
 
     user, _ = users
     path = shared_dir / "mixed.gguf"
@@ -399,8 +405,8 @@ def big_model(tmp_path_factory):
     """A Q4_K tensor whose view is START_WORK_BYTES, and its stored blocks."""
     import gguf
 
+    from tensorfs.convert.workers import START_WORK_BYTES
     from tests.support.quant_blocks import random_blocks
-    from tensorfs.workers import START_WORK_BYTES
 
     rows, cols = BIG_SHAPE
     assert rows * cols * 4 >= START_WORK_BYTES
@@ -442,7 +448,7 @@ def _big_range_ok(mnt, blocks, first_block: int, n_blocks: int) -> bool:
     (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 2), (4, 1.2, 0), (16, 0, 14), (16, 8, 6),
     (16, 13.6, 0)])
 def test_workers_pay_only_on_cpus_the_daemon_and_the_reader_leave_idle(cpus, load, paying):
-    from tensorfs.workers import paying_size
+    from tensorfs.convert.workers import paying_size
 
     assert paying_size(cpus=cpus, load=load) == paying
 
@@ -494,10 +500,10 @@ def test_workers_start_ahead_for_costly_work_and_a_read_meanwhile_converts_in_th
 
 
 def test_the_pool_owns_its_slots_starts_only_for_work_worth_it_and_takes_chunks_back():
-    from tests.support.quant_blocks import oracle, random_blocks
     from tensorfs.convert import conversion_from_spec
+    from tensorfs.convert.workers import SPARE_SLOTS, WorkerPool
     from tensorfs.dtypes import GGML_TYPES_BY_NAME
-    from tensorfs.workers import SPARE_SLOTS, WorkerPool
+    from tests.support.quant_blocks import oracle, random_blocks
 
     conv = conversion_from_spec(("ggml", GGML_TYPES_BY_NAME["Q4_K"].id, "<"))
     n_blocks = 1024                                  # one whole 1 MiB chunk
@@ -540,7 +546,7 @@ def test_the_pool_owns_its_slots_starts_only_for_work_worth_it_and_takes_chunks_
 
 
 def test_a_pool_closed_while_its_workers_start_leaves_no_process_and_no_traceback(capfd):
-    from tensorfs.workers import start_ahead
+    from tensorfs.convert.workers import start_ahead
 
     pool = start_ahead(size=2)
     assert wait_for(lambda: len(pool.pids()) == 2, 30, step=0.005)

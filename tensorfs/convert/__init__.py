@@ -29,9 +29,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..dtypes import GGML_TYPES, SAFETENSORS_DTYPES
-from ..model import TensorInfo
-from . import floats, ggml, longtail
+from tensorfs.convert import floats, ggml, longtail
+from tensorfs.dtypes import GGML_TYPES, SAFETENSORS_DTYPES
+from tensorfs.model import TensorInfo
 
 __all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 
@@ -44,7 +44,7 @@ class Conversion:
     costly: bool         # worth caching a converted chunk (block quants); False: recompute per read
     convert: Callable[..., np.ndarray]   # (uint8 whole blocks, out=None) -> float32 '<f4' 1-D
     # What names this conversion to another process (a conversion worker,
-    # tensorfs.workers): plain values, since the kernels are closures and cannot be sent.
+    # tensorfs.convert.workers): plain values, since the kernels are closures and cannot be sent.
     spec: tuple = ()
 
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from .floats import as_bytes
+from tensorfs.convert.floats import as_bytes
 
 QK_K = 256
 CHUNK_ELEMS = 1 << 18     # elements converted per inner step (1 MiB of float32 output)

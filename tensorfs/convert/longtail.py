@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .floats import as_bytes
+from tensorfs.convert.floats import as_bytes
 
 _ROW_ELEMS = 1 << 15      # elements per row handed to gguf-py
 
@@ -19,7 +19,7 @@ def gguf_converter(ggml_type: int, type_size: int, block_size: int):
     blocks_per_row = max(1, _ROW_ELEMS // block_size)
 
     def convert(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        import gguf.quants                    # lazy: only when such a tensor is read
+        import gguf.quants  # lazy: only when such a tensor is read
 
         qtype = gguf.GGMLQuantizationType(ggml_type)
         data = as_bytes(data)

@@ -53,10 +53,10 @@ from itertools import repeat
 
 import numpy as np
 
-from ..dtypes import GGML_TYPES, GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
-from ..errors import GGUFError
-from ..model import MetadataValue, ModelFile, TensorInfo
-from . import NeedMoreBytes
+from tensorfs.dtypes import GGML_TYPES, GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
+from tensorfs.errors import GGUFError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.model import MetadataValue, ModelFile, TensorInfo
 
 __all__ = ["parse_gguf", "looks_like_gguf", "KINDS", "MAX_ARRAY_DEPTH", "SUPPORTED_VERSIONS"]
 

@@ -67,10 +67,10 @@ from itertools import chain, repeat
 from operator import itemgetter, mul, sub
 from typing import NamedTuple
 
-from ..dtypes import SAFETENSORS_DTYPES
-from ..errors import SafetensorsError
-from ..model import MetadataValue, ModelFile, TensorInfo
-from . import NeedMoreBytes
+from tensorfs.dtypes import SAFETENSORS_DTYPES
+from tensorfs.errors import SafetensorsError
+from tensorfs.formats import NeedMoreBytes
+from tensorfs.model import MetadataValue, ModelFile, TensorInfo
 
 MAX_HEADER_SIZE = 100_000_000     # tensor.rs MAX_HEADER_SIZE; "n > MAX_HEADER_SIZE" refuses
 N_LEN = 8                         # the u64 header length

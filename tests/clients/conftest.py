@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mounts_in
+from tests.support import mounts_in
 
 CLIENT_LIBS = ("llama_cpp", "torch", "transformers")
 REMOTE_LIBS = ("fsspec", "aiohttp", "huggingface_hub")

@@ -20,7 +20,7 @@ TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    from tests.tiny_models import write_llama_gguf
+    from tests.support.tiny_models import write_llama_gguf
 
     return write_llama_gguf(tmp_path / "tiny.gguf", "F16")
 
@@ -79,7 +79,7 @@ def test_transformers_reads_a_tensor_edit(tmp_path, mount, sharded):
     from safetensors.numpy import load_file, save_file
 
     from tests.clients.test_clients import transformers_logits
-    from tests.tiny_models import write_transformers_model
+    from tests.support.tiny_models import write_transformers_model
 
     local = write_transformers_model(tmp_path / "hf", "100KB" if sharded else None)
     mnt = mount(local, "--edits", tmp_path / "fixes")

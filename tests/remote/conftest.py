@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import mounts_in
+from tests.support import mounts_in
+from tests.support.hostile import Hostile
 from tests.support.remote_checks import HF_TOKEN, Corpus, Model
 from tests.support.servers import HubRepo, MotoServer, Nginx, Proxy
 
@@ -34,12 +35,12 @@ def pytest_collection_modifyitems(config, items):
 # -- the models -----------------------------------------------------------------------------
 
 def _write_corpus(root: Path) -> Corpus:
-    from tests.support.reliability_models import write_mixed_gguf
-    from tests.support.models import write_gguf, write_safetensors
-    from tests.support.shards import INDEX, write_hf_shards, write_split_gguf
-
     import numpy as np
     from safetensors.numpy import save_file
+
+    from tests.support.models import write_gguf, write_safetensors
+    from tests.support.reliability_models import write_mixed_gguf
+    from tests.support.shards import INDEX, write_hf_shards, write_split_gguf
 
     models = {}
     d = root / "single"
@@ -197,3 +198,17 @@ def rmount(tmp_path, remote_env, mount):       # after `mount`: torn down before
     with ``remote_env`` updated by ``env`` (None: removed); everything mounted is unmounted
     afterwards."""
     yield from mounts_in(tmp_path, "rmnt", remote_env)
+
+
+@pytest.fixture
+def hostile():
+    started = []
+
+    def _start(answer, tls=None) -> Hostile:
+        server = Hostile(answer, tls)
+        started.append(server)
+        return server
+
+    yield _start
+    for server in started:
+        server.stop()

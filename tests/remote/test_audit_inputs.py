@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from tests.remote.test_hostile_servers import _hub_api, _one_line, hostile  # noqa: F401
 from tests.support import run_tensorfs
+from tests.support.hostile import _hub_api, _one_line
 
 DEEP = b"[" * 100_000        # 100 KB, far under every size bound; json recurses per level
 
 
-def test_a_hub_tree_nested_deeper_than_json_recurses_is_one_line(nginx, hostile, remote_env):  # noqa: F811
+def test_a_hub_tree_nested_deeper_than_json_recurses_is_one_line(nginx, hostile, remote_env):
     """[before: `tensorfs: error: internal error: RecursionError: maximum recursion depth
     exceeded while decoding a JSON array`]"""
     server = hostile(_hub_api(nginx, tree=DEEP))

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import json
 import os
-import socket
 import ssl
 import subprocess
 import threading
@@ -20,87 +19,18 @@ import zlib
 
 import pytest
 
+from tests.support import run_tensorfs
+from tests.support.hostile import _from_nginx, _hub_api, _json_answer, _one_line
 from tests.support.reliability_models import alive, daemon_pid, read_errno
-from tests.conftest import run_tensorfs
 from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_of
 from tests.support.servers import BASIC_PASSWORD, BASIC_USER
 
 MiB = 1 << 20
 
 
-class Hostile:
-    """An HTTP/1.1 server on its own event loop thread; ``answer(method, path, headers)``
-    is a coroutine function returning the response as bytes chunks (an async iterator)."""
-
-    def __init__(self, answer, tls: ssl.SSLContext | None = None):
-        self.answer = answer
-        self.sent = 0
-        self.requests: list[tuple[str, str, dict]] = []
-        self._loop = asyncio.new_event_loop()
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.port = self._sock.getsockname()[1]
-        self.tls = tls
-        threading.Thread(target=self._run, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
-
-    def _run(self):
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(asyncio.start_server(self._client, sock=self._sock,
-                                                           ssl=self.tls))
-        self._loop.run_forever()
-
-    async def _client(self, reader, writer):
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                headers = {k.lower(): v.strip() for k, _, v in
-                           (line.partition(":") for line in lines[1:] if line)}
-                self.requests.append((method, path, headers))
-                async for chunk in self.answer(method, path, headers):
-                    writer.write(chunk)
-                    await writer.drain()
-                    self.sent += len(chunk)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    def stop(self):
-        self._loop.call_soon_threadsafe(self._loop.stop)
-
-
-@pytest.fixture
-def hostile():
-    started = []
-
-    def _start(answer, tls=None) -> Hostile:
-        server = Hostile(answer, tls)
-        started.append(server)
-        return server
-
-    yield _start
-    for server in started:
-        server.stop()
-
-
 def _range(headers: dict) -> tuple[int, int]:
     first, _, last = headers["range"].removeprefix("bytes=").partition("-")
     return int(first), int(last)
-
-
-def _one_line(result) -> str:
-    assert result.returncode == 1, result.stdout
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tensorfs: error: "), result.stderr
-    assert "internal error" not in lines[0] and "Traceback" not in result.stderr, lines[0]
-    return lines[0]
 
 
 # -- bounded answers ------------------------------------------------------------------------
@@ -177,7 +107,7 @@ def _tree_rss(pid: int) -> int:
 
 def _run_watching_rss(args: list, env: dict, timeout: float = 120):
     """(CompletedProcess, peak resident bytes of the command's process tree), sampled."""
-    from tests.conftest import TENSORFS
+    from tests.support import TENSORFS
 
     proc = subprocess.Popen([*TENSORFS, *map(str, args)], env=env, text=True,
                             stdin=subprocess.DEVNULL,
@@ -235,35 +165,6 @@ def test_a_hub_that_never_answers_is_one_line_within_the_timeout(url, hostile, r
                                   env={**remote_env, "HF_ENDPOINT": server.url}, timeout=120))
     assert time.monotonic() - t0 < 30            # bounded by --timeout, not a hang
     assert "no answer within 3 s" in line, line
-
-
-def _hub_api(nginx, tree: bytes | None = None):
-    """A Hub endpoint: the API answers relayed from nginx's Hub layout (the tree answered
-    with ``tree`` when given); a file's resolve URL redirected to nginx by another name
-    (localhost: another origin)."""
-
-    async def answer(method, path, headers):
-        if "/resolve/" in path:
-            yield (f"HTTP/1.1 302 Found\r\nLocation: http://localhost:{nginx.port}{path}\r\n"
-                   f"Content-Length: 0\r\n\r\n").encode()
-            return
-        if tree is not None and "/tree/" in path:
-            yield _json_answer(tree)
-        else:
-            yield _json_answer(_from_nginx(nginx, path))
-    return answer
-
-
-def _from_nginx(nginx, path: str) -> bytes:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{nginx.url}{path}") as r:
-        return r.read()
-
-
-def _json_answer(body: bytes) -> bytes:
-    return (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def test_a_hub_tree_that_is_not_json_is_one_line(nginx, hostile, remote_env):

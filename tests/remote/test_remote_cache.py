@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import TENSORFS, fuse_mounts_under, run_tensorfs
 from tests.support.reliability_models import wait_for
-from tests.conftest import TENSORFS, fuse_mounts_under, run_tensorfs
-from tests.support.remote_checks import (
-    MiB, assert_matches_reference, doc_of, header_size)
+from tests.support.remote_checks import MiB, assert_matches_reference, doc_of, header_size
 from tests.support.servers import HubRepo, parse_range
 from tests.support.users import needs_users
 

@@ -6,6 +6,7 @@ metadata.json or the fsname, however it was spelled (issue 21, docs/reliability.
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from tests.support import daemon_pid, run_tensorfs, usage_error

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tensorfs.transports.base import PROBE_BYTES
-from tests.conftest import run_tensorfs
+from tensorfs.sources.transports.base import PROBE_BYTES
+from tests.support import run_tensorfs
 from tests.support.remote_checks import url_of
 
 

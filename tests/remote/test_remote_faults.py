@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
+from tests.support import fuse_mounts_under, run_tensorfs
 from tests.support.reliability_models import alive, daemon_pid, read_errno, write_mixed_gguf
-from tests.conftest import fuse_mounts_under, run_tensorfs
-from tests.support.remote_checks import (
-    HF_TOKEN, assert_matches_reference, doc_of,
-    reference)
+from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_of, reference
 from tests.support.servers import HubRepo, free_port
 
 EIO = errno.EIO
@@ -82,7 +81,7 @@ def test_python_http_server_is_refused_naming_servers_that_answer_ranges(corpus,
     one line says what it does wrong and names servers that work (nginx: the suite's own)."""
     import sys
 
-    from tests.servers import wait_port
+    from tests.support.servers import wait_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", "-b", "127.0.0.1", str(port)],
@@ -258,7 +257,7 @@ def many_tensors(nginx, tmp_path_factory):
         if start == data_start:
             break
         data_start = start
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.sources.modelfile import parse_model_file
 
     for t in parse_model_file(str(path)).tensors:
         if t.name.endswith(".w"):

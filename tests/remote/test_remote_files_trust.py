@@ -12,8 +12,8 @@ import re
 import subprocess
 import threading
 
-from tests.remote.remote_checks import HF_TOKEN
-from tests.remote.test_hostile_servers import _from_nginx, _json_answer, hostile  # noqa: F401
+from tests.support.hostile import _from_nginx, _json_answer
+from tests.support.remote_checks import HF_TOKEN
 
 HOSTILE_NAMES = ["nul%00byte.txt", "a%252F..%252Fb", "esc\x1b[31mred.txt", "rtl\u202etxt.exe",
                  "x" * 300, "\uff0e\uff0e", "back\\slash.txt"]
@@ -56,7 +56,7 @@ def _hub_with_extra_files(nginx, names: list[str], stall: str | None = None):
     return answer
 
 
-def test_names_of_a_hostile_listing_are_never_requested(nginx, hostile, rmount, tmp_path):  # noqa: F811
+def test_names_of_a_hostile_listing_are_never_requested(nginx, hostile, rmount, tmp_path):
     server = hostile(_hub_with_extra_files(nginx, HOSTILE_NAMES + ["a.json"]))
     log = tmp_path / "daemon.log"
     mnt = rmount("hf://tfs/safetensors", "--log", log,
@@ -73,7 +73,7 @@ def test_names_of_a_hostile_listing_are_never_requested(nginx, hostile, rmount, 
     assert text.count("not served in files/") == len(HOSTILE_NAMES), text
 
 
-def test_stat_in_files_answers_from_the_listing_while_a_server_stalls(nginx, hostile, rmount):  # noqa: F811
+def test_stat_in_files_answers_from_the_listing_while_a_server_stalls(nginx, hostile, rmount):
     server = hostile(_hub_with_extra_files(nginx, list(EXTRA), stall="stall.json"))
     mnt = rmount("hf://tfs/safetensors", "--timeout", "20", env={"HF_ENDPOINT": server.url})
     stalled = threading.Thread(target=subprocess.run, daemon=True,
@@ -100,7 +100,7 @@ def _sockets(pid: int) -> int:
                for fd in os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_one_client_per_endpoint_not_per_file(nginx, hostile, rmount, tmp_path):  # noqa: F811
+def test_one_client_per_endpoint_not_per_file(nginx, hostile, rmount, tmp_path):
     """300 files of one repo read: the daemon holds a few sockets, not one per file."""
     many = [n for n in EXTRA if n.startswith("many")]
     server = hostile(_hub_with_extra_files(nginx, many))
@@ -112,7 +112,7 @@ def test_one_client_per_endpoint_not_per_file(nginx, hostile, rmount, tmp_path):
     assert _sockets(pid) < 20, _sockets(pid)
 
 
-def test_a_failed_open_is_not_asked_again_at_each_lookup(nginx, hostile, rmount):  # noqa: F811
+def test_a_failed_open_is_not_asked_again_at_each_lookup(nginx, hostile, rmount):
     server = hostile(_hub_with_extra_files(nginx, ["gone.json", "a.json"]))
     mnt = rmount("hf://tfs/safetensors", env={"HF_ENDPOINT": server.url})
     gone = mnt / "files" / "gone.json"

@@ -14,11 +14,17 @@ import threading
 import numpy as np
 import pytest
 
-from tests.conftest import run_tensorfs
+from tests.support import run_tensorfs
 from tests.support.remote_checks import (
-    MiB, assert_matches_reference,
-    assert_mount_fetched_headers_only, assert_same_tree, doc_of, header_size,
-    url_of, without_remote_keys)
+    MiB,
+    assert_matches_reference,
+    assert_mount_fetched_headers_only,
+    assert_same_tree,
+    doc_of,
+    header_size,
+    url_of,
+    without_remote_keys,
+)
 from tests.support.servers import parse_range
 
 KEYS = ["safetensors", "mixed", "sharded", "split"]

@@ -8,11 +8,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-
+from tests.support import run_tensorfs
 from tests.support.reliability_models import daemon_pid
-from tests.conftest import run_tensorfs
-from tests.support.remote_checks import (
-    HF_TOKEN, assert_matches_reference, doc_of)
+from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_of
 from tests.support.servers import BASIC_PASSWORD, BASIC_USER
 
 SIGNATURE = "SIGtensorfs0123456789abcdef"

@@ -13,9 +13,9 @@ import os
 import pytest
 
 from tests.remote.conftest import hub_repos, publish_files
-from tests.remote.remote_checks import assert_matches_reference
-from tests.servers import Nginx
 from tests.support import mounts_in, run_tensorfs
+from tests.support.remote_checks import assert_matches_reference
+from tests.support.servers import Nginx
 from tests.support.tls import authority_and_server, hashed_directory, needs_openssl, self_signed
 
 pytestmark = needs_openssl

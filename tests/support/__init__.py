@@ -2,7 +2,7 @@
 run_tensorfs, mounts_in, wait_for, ...`` (pyproject puts the repository root on pytest's
 path, so this works from ``pytest``, ``python -m pytest``, a subprocess pytest and
 tests/remote alike).  ``tests/conftest.py`` holds only fixtures and hooks, and re-exports
-what tests imported from it before (``from tests.conftest import run_tensorfs`` still works).
+what tests imported from it before (``from tests.support import run_tensorfs`` still works).
 
 - ``commands``: the suite's runtime directory, the ``tensorfs`` command, ``run_tensorfs``;
 - ``mounts``: ``fuse_mounts_under``, ``mounts_in`` (the generator behind ``mount``/``rmount``);
@@ -12,8 +12,16 @@ what tests imported from it before (``from tests.conftest import run_tensorfs`` 
 
 from tests.support.commands import RUNTIME_DIR, TENSORFS, run_tensorfs, usage_error
 from tests.support.mounts import fuse_mounts_under, mounts_in
-from tests.support.processes import (EIO, alive, daemon_pid, direct_read, in_fuse_request,
-                                     read_errno, wait_for, waiting_on_fuse)
+from tests.support.processes import (
+                                     EIO,
+                                     alive,
+                                     daemon_pid,
+                                     direct_read,
+                                     in_fuse_request,
+                                     read_errno,
+                                     wait_for,
+                                     waiting_on_fuse,
+)
 
 __all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mounts_in", "EIO",
            "alive", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",

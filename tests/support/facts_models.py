@@ -20,9 +20,9 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-from tests.support.quant_blocks import oracle, random_blocks
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
 from tests.support import gguf_corpus, safetensors_corpus
+from tests.support.quant_blocks import oracle, random_blocks
 
 # gguf-py's writer writes these as raw blocks (tests/test_mount_converted.py's list)
 WRITER_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 import gguf
+import numpy as np
 from safetensors.numpy import save_file
 
 NUMPY_GGUF_DTYPES = [np.float32, np.float16, np.float64, np.int8, np.int16, np.int32, np.int64]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import gguf.quants
 import ml_dtypes
 import numpy as np
-import gguf.quants
 from gguf import GGMLQuantizationType
 
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
-
 from tests.support import convert_reference
 
 # Where each block keeps its float scale lanes: (byte offset, "f16" | "f32").

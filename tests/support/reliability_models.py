@@ -18,10 +18,11 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-from tests.support.quant_blocks import oracle, random_blocks
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
+
 # once defined here, now in tests.support (re-exported: tests import them from here too)
 from tests.support import EIO, alive, daemon_pid, read_errno, wait_for  # noqa: F401 (re-exported to the reliability tests)
+from tests.support.quant_blocks import oracle, random_blocks
 
 
 @dataclass
@@ -76,7 +77,7 @@ def write_mixed_gguf(path, seed: int = 0, scale: int = 1) -> dict[str, Expected]
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    from tensorfs.modelfile import parse_model_file
+    from tensorfs.sources.modelfile import parse_model_file
 
     for t in parse_model_file(str(path)).tensors:
         out[t.name].offset = t.offset

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from tests.support.commands import run_tensorfs
@@ -125,3 +126,14 @@ def refused_by_both(tmp_path, model, *expect: str) -> str:
     assert mounted.returncode == 1 and mounted.stderr.splitlines() == lines
     assert fuse_mounts_under(tmp_path) == [] and os.listdir(mnt) == []
     return lines[0]
+
+
+def safetensors_reference(index: Path) -> dict[str, tuple[np.ndarray, str]]:
+    """tensor -> (array, shard file name), read by safe_open from every shard the index names."""
+    weight_map = json.loads(index.read_text())["weight_map"]
+    out = {}
+    for shard in sorted(set(weight_map.values())):
+        with safe_open(str(index.parent / shard), "numpy") as f:
+            for name in f.keys():
+                out[name] = (f.get_tensor(name), shard)
+    return out

@@ -1,0 +1,379 @@
+"""The edit store of ``--edits DIR``: what a user changed in a mounted model, kept on disk so
+that a later mount of the same model serves the same edits (docs/editing.md).
+
+DIR is the user's, as the disk cache's is (``tensorfs.sources.diskcache``): created 0700 if missing,
+refused in one line if it is a symbolic link, not a directory, someone else's or writable by
+group or others.  Everything the store writes is in one subdirectory of DIR, ``ROOT``, which
+holds a marker file; nothing outside it is ever listed, opened or removed.  In ``ROOT``:
+
+- ``edits.json``, the journal: the source's identity (each file's format, size and the
+  SHA-256 of its header), the metadata edits (key -> type and value, or deleted; new keys
+  in the order they were added) and the tensor edits (original name -> new name or removed,
+  and the file holding its new bytes).  It is replaced whole on every edit: written to a
+  temporary name, fsynced, renamed over, and the directory fsynced.  A daemon killed at any
+  moment leaves the old journal or the new one.
+- ``data-*.bin``: a tensor's replacement bytes, one file per replacement, written the same
+  way before the journal names it.  A file the journal does not name (a replacement
+  superseded, or written by a daemon killed before its journal) is removed when the store
+  is opened.
+
+The journal binds DIR to one model: a mount of another model with the same DIR is refused in
+one line.  Nothing here knows about FUSE or about the tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+
+from tensorfs.runtime import open_private_dir, unsafe_directory
+
+ROOT = "tensorfs-edits.v1"
+MARKER = "TENSORFS-EDITS"
+MARKER_TEXT = b"tensorfs edits, format 1: every file here is tensorfs's own\n"
+JOURNAL = "edits.json"
+FORMAT = 1
+_DATA_NAME = re.compile(r"data-[0-9a-f]{32}\.bin")
+_TEMP_NAME = re.compile(r"\.(edits\.json|data-[0-9a-f]{32}\.bin)\.[0-9]+\.[0-9]+\.tmp")
+
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class EditsError(PermissionError):
+    """DIR cannot be used, or belongs to another model: said in one line at mount."""
+
+
+@dataclass(frozen=True)
+class TensorEdit:
+    """What became of one tensor of the source (keyed by its original name): ``name`` its
+    name now (None: removed), ``data`` the store's file holding its new bytes (None: its
+    bytes are the source's)."""
+    name: str | None
+    data: str | None = None
+
+
+@dataclass(frozen=True)
+class EditState:
+    """Every edit of one model.  ``metadata``: key -> (type name, JSON-ready value) for a
+    key set or added, None for a key deleted; in order (keys new to the model are appended
+    in this order).  ``tensors``: original name -> ``TensorEdit``.  Never changed in place:
+    an edit makes a new state (``with_metadata``, ``with_tensor``), so that whoever holds
+    one (a reader of the composed file) keeps a consistent view."""
+    metadata: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.metadata and not self.tensors
+
+    def with_metadata(self, key: str, typed: tuple[str, object] | None) -> EditState:
+        metadata = dict(self.metadata)
+        metadata[key] = typed
+        return EditState(metadata, self.tensors)
+
+    def without_metadata(self, key: str) -> EditState:
+        metadata = dict(self.metadata)
+        metadata.pop(key, None)
+        return EditState(metadata, self.tensors)
+
+    def with_tensor(self, original: str, edit: TensorEdit | None) -> EditState:
+        tensors = dict(self.tensors)
+        if edit is None:
+            tensors.pop(original, None)
+        else:
+            tensors[original] = edit
+        return EditState(self.metadata, tensors)
+
+    def to_json(self) -> dict:
+        return {"metadata": {k: (None if v is None else {"type": v[0], "value": v[1]})
+                             for k, v in self.metadata.items()},
+                "tensors": {k: {"name": e.name, "data": e.data} for k, e in self.tensors.items()}}
+
+    @staticmethod
+    def from_json(doc: dict) -> EditState:
+        metadata = {k: (None if v is None else (v["type"], v["value"]))
+                    for k, v in doc.get("metadata", {}).items()}
+        tensors = {k: TensorEdit(v.get("name"), v.get("data"))
+                   for k, v in doc.get("tensors", {}).items()}
+        for edit in tensors.values():
+            if edit.data is not None and not _DATA_NAME.fullmatch(edit.data):
+                raise ValueError(f"not a data file of the store: {edit.data!r}")
+        return EditState(metadata, tensors)
+
+
+def source_identity(model, sources) -> list[dict]:
+    """What binds DIR to a model: each file's name, format, size and header's SHA-256."""
+    out = []
+    for f in model.files:
+        header = sources[f.path].read(0, f.header_size)
+        out.append({"name": os.path.basename(f.path), "format": f.format, "size": f.file_size,
+                    "header_sha256": hashlib.sha256(header).hexdigest()})
+    return out
+
+
+def _refused(directory: str, why: str) -> EditsError:
+    return EditsError(f"{directory}: refused as the edits directory: {why}")
+
+
+def _fsync_dir(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+
+
+class DataFile:
+    """One replacement's bytes, open for reading: the descriptor outlives a later
+    replacement (its file is removed, a reader of an earlier composition still reads it)."""
+
+    def __init__(self, fd: int, size: int, name: str):
+        self.fd = fd
+        self.size = size
+        self.name = name
+
+    def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
+        # ``span`` as a source's read_into takes it (a raw view names its tensor's range for
+        # a remote file's read-ahead): a local file read whole has no use for it
+        total = 0
+        while total < len(buf):
+            n = os.preadv(self.fd, [buf[total:]], offset + total)
+            if n == 0:
+                break
+            total += n
+        return total
+
+    def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        return os.pread(self.fd, size, offset) if size else b""
+
+    def __del__(self):
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError, TypeError):
+            pass
+
+
+class PendingData:
+    """A replacement's bytes while they are written: a temporary file of the store."""
+
+    def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
+        self._dir_fd, self.fd, self._tmp, self.name = dir_fd, fd, tmp, name
+        self.size = 0
+
+    def pwrite(self, offset: int, data) -> int:
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], offset + done)
+        self.size = max(self.size, offset + done)
+        return done
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        self.size = size
+
+    def keep(self) -> str:
+        """Fsynced and renamed into place: the name of its file."""
+        os.fsync(self.fd)
+        os.rename(self._tmp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        _fsync_dir(self._dir_fd)
+        self._tmp = None
+        return self.name
+
+    def drop(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+            self._tmp = None
+
+
+class EditStore:
+    """The edits of one model in ``directory``/``ROOT``.  ``state`` is the current
+    ``EditState``; ``commit`` replaces it (and the journal) at once."""
+
+    def __init__(self, directory: str, identity: list[dict]):
+        self.directory = os.path.abspath(directory)
+        self.root = os.path.join(self.directory, ROOT)
+        self._euid = os.geteuid()
+        self._lock = threading.Lock()
+        self._data: dict[str, DataFile] = {}
+        dir_fd = self._open_user_dir()
+        try:
+            self._fd = self._open_root(dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            self.state = self._load(identity)
+            self._remove_strays()
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    # -- opening ---------------------------------------------------------------------------
+    def _open_user_dir(self) -> int:
+        # DIR and the whole way to it checked as the disk cache's is: nothing created through
+        # a directory or a link another user controls (runtime.open_private_dir)
+        return open_private_dir(self.directory, self._euid, _refused)
+
+    def _open_root(self, dir_fd: int) -> int:
+        path = self.root
+        try:
+            os.mkdir(ROOT, 0o700, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise _refused(path, f"cannot create it: {error.strerror}") from None
+        try:
+            fd = os.open(ROOT, _OPEN_DIR, dir_fd=dir_fd)
+        except OSError as error:
+            raise _refused(path, error.strerror) from None
+        why = unsafe_directory(os.fstat(fd), self._euid)
+        if why is not None:
+            os.close(fd)
+            raise _refused(path, why)
+        marker = self._read(fd, MARKER, 4096)
+        if marker is None:
+            names = os.listdir(fd)
+            if names:
+                os.close(fd)
+                raise _refused(path, f"it is not a tensorfs edits directory (no {MARKER} file "
+                                     "in it): move it away or choose another directory")
+            self._write(fd, MARKER, MARKER_TEXT)
+        elif marker != MARKER_TEXT:
+            os.close(fd)
+            raise _refused(path, f"its {MARKER} file is not tensorfs's (another format?)")
+        return fd
+
+    @staticmethod
+    def _read(dir_fd: int, name: str, limit: int) -> bytes | None:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > limit:
+                raise EditsError(f"{name}: not a regular file of at most {limit} bytes")
+            return os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
+
+    def _load(self, identity: list[dict]) -> EditState:
+        data = self._read(self._fd, JOURNAL, 1 << 30)
+        if data is None:
+            self._identity = identity
+            return EditState()
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != FORMAT:
+                raise ValueError(f"format {doc.get('format')!r}, not {FORMAT}")
+            state = EditState.from_json(doc)
+            recorded = doc["source"]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise _refused(self.root, f"its {JOURNAL} cannot be read: {error}") from None
+        if recorded != identity:
+            names = ", ".join(f["name"] for f in recorded) if isinstance(recorded, list) else "?"
+            raise _refused(self.directory, f"it holds the edits of another model ({names}); "
+                                           "choose another directory for this one")
+        self._identity = identity
+        return state
+
+    def _remove_strays(self) -> None:
+        """Remove our own files the journal does not name: superseded replacements, and
+        what a daemon killed part-way left (a temporary file)."""
+        named = {e.data for e in self.state.tensors.values() if e.data}
+        for name in os.listdir(self._fd):
+            if (_DATA_NAME.fullmatch(name) and name not in named) or _TEMP_NAME.fullmatch(name):
+                try:
+                    os.unlink(name, dir_fd=self._fd)
+                except OSError:
+                    pass
+
+    # -- writing ---------------------------------------------------------------------------
+    def _write(self, dir_fd: int, name: str, data) -> None:
+        """Replace ``name`` with ``data``, whole or not at all: a fresh temporary name,
+        written, fsynced, renamed over; then the directory fsynced."""
+        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=dir_fd)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(dir_fd)
+
+    def put_data(self, data) -> str:
+        """Keep a tensor's new bytes; the name of their file (for ``TensorEdit.data``)."""
+        name = f"data-{os.urandom(16).hex()}.bin"
+        self._write(self._fd, name, data)
+        return name
+
+    def new_data(self) -> PendingData:
+        """A replacement being written (a tensor's raw file open for writing): kept by
+        ``PendingData.keep``, or dropped."""
+        name = f"data-{os.urandom(16).hex()}.bin"
+        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=self._fd)
+        return PendingData(self._fd, fd, tmp, name)
+
+    def data(self, name: str) -> DataFile:
+        """A replacement's bytes, open (kept open for the store's life)."""
+        with self._lock:
+            found = self._data.get(name)
+            if found is None:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+                found = self._data[name] = DataFile(fd, os.fstat(fd).st_size, name)
+            return found
+
+    def commit(self, state: EditState) -> None:
+        """Make ``state`` the edits, on disk first (the journal, atomically), then here; the
+        replacements no longer named are removed."""
+        with self._lock:
+            doc = {"format": FORMAT, "source": self._identity, **state.to_json()}
+            text = json.dumps(doc, ensure_ascii=True, indent=1).encode() + b"\n"
+            try:
+                self._write(self._fd, JOURNAL, text)
+            except OSError as error:
+                raise OSError(error.errno or errno.EIO,
+                              f"{self.root}: the edit could not be kept: {error.strerror}") from None
+            before = {e.data for e in self.state.tensors.values() if e.data}
+            self.state = state
+            after = {e.data for e in state.tensors.values() if e.data}
+            for name in before - after:
+                self._data.pop(name, None)          # open descriptors stay readable
+                try:
+                    os.unlink(name, dir_fd=self._fd)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._data.clear()
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass

@@ -1,0 +1,929 @@
+"""An editable mount (``--edits DIR``): the files a user may change, what each change means
+to the model, and the tree kept true to the edits (docs/editing.md).
+
+- ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
+  closed (``metadata_files.parse_text``); a new file adds a key (a string, or the type
+  given by the ``user.tensorfs.type`` extended attribute set before the first close);
+  ``rm`` deletes the key, ``mv`` renames it.
+- a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
+  with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
+  ``rm`` of either removes the tensor, ``mv`` renames it.
+- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a snapshot per open.
+
+Each change is kept by the ``EditStore`` first (atomically), then shown.  The FUSE adapter
+(``tensorfs.mount.adapter``) calls in with nodes and handles; nothing here knows about FUSE, and
+errors are ``EditRefused(errno, why)``: the why is logged, the errno answered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import itertools
+import json
+import logging
+import os
+import re
+import threading
+import time
+
+from tensorfs.convert.plan import plan_view
+from tensorfs.editing.compose import (
+    ComposedFile,
+    EditError,
+    compose,
+    edited_tensors,
+    encode_array,
+)
+from tensorfs.editing.store import EditState, EditStore, TensorEdit
+from tensorfs.model import Model
+from tensorfs.mount.metadata_files import (
+    DIRECTORY,
+    SCALAR_TYPES,
+    TextError,
+    is_array,
+    metadata_file_name,
+    metadata_view,
+    parse_text,
+    render_lines,
+    scalar_text,
+)
+from tensorfs.mount.metadata_json import metadata_json_pieces
+from tensorfs.mount.tree import TENSOR_VIEWS, TensorXattrs, describe
+from tensorfs.views.byteviews import ConvertedView, GeneratedView, NpyView, RawView, View
+from tensorfs.views.names import DirNode, FileNode, entry_name, tensor_paths
+
+log = logging.getLogger("tensorfs")
+
+TYPE_XATTR = "user.tensorfs.type"
+# A metadata file's new text is held in memory until it is closed: at most this much (or
+# twice the current text, for a large vocabulary).
+MAX_METADATA_TEXT = 16 << 20
+# An .npy written over a view: its data in float64 at most, plus a header.
+NPY_SLACK = 1 << 16
+READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
+
+
+class EditRefused(OSError):
+    """An edit refused: ``errno`` answered, the message logged."""
+
+    def __init__(self, code: int, why: str):
+        super().__init__(code, why)
+
+
+def _unescape(name: str) -> str:
+    """A file name back to the text it stands for (the escaping of tensorfs.views.names)."""
+    if "%~" in name:
+        raise EditRefused(errno.EINVAL, f"{name!r}: a shortened name cannot be given")
+    if name == "%":
+        return ""
+    raw = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
+                 name.encode("utf-8", "surrogateescape"))
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _valid_type(type_name: str, fmt: str) -> bool:
+    if fmt == "safetensors":
+        return type_name == "string"
+    base = type_name
+    while base.startswith("array[") and base.endswith("]"):
+        base = base[len("array["):-1]
+    return base in SCALAR_TYPES
+
+
+class Handle:
+    """One file open for writing."""
+
+    def __init__(self, kind: str, node: FileNode, limit: int):
+        self.kind = kind                # "metadata" | "raw" | "npy"
+        self.node = node
+        self.limit = limit
+        self.buf = bytearray()
+        self.pending = None             # PendingData of a raw file
+        self.dirty = False
+        self.key: str | None = None     # metadata
+        self.type_name: str | None = None
+        self.created = False            # a key that exists only once this handle is closed
+        self.tensor: str | None = None  # the tensor's original name
+        self.unread = False             # an .npy opened without O_TRUNC: ``buf`` not read yet
+
+
+class Editor:
+    """The edits of one mounted model (one file, shards or splits), applied to its tree."""
+
+    def __init__(self, mounted, store: EditStore, layout: str):
+        model = mounted.model
+        self.model = model
+        self.files = model.files
+        # the file whose metadata metadata/ shows and edits: the one file, or a split
+        # GGUF's first (its KVs are the model's); a sharded safetensors model shows its
+        # index's metadata, which is not edited here
+        self.model_file = model.files[0]
+        self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
+        self.sources = {f.path: mounted.sources[f.path] for f in model.files}
+        self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
+        self.tree = mounted.tree
+        self.cache = mounted.cache
+        self.budget = mounted.budget
+        self.pool = mounted.pool
+        self.layout = layout
+        self.store = store
+        self.lock = threading.RLock()
+        self.mtime_ns = time.time_ns()
+        self.version = itertools.count(1)
+        # set by the FUSE adapter: called with the nodes an edit changed, after the edit
+        self.on_change = None
+        self._changed: list = []
+        self._depth = 0
+        self._ghost = None          # (directory, name, node): see ``ghost``
+        self._composed: tuple[EditState, dict] | None = None
+        self._dir_paths: dict[int, str] = {1: ""}
+        self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
+        self._creating: dict[int, Handle] = {}      # a new key's inode -> its handle
+        self._by_name = {t.name: t for t in model.tensors}
+        self.meta_dir = self.tree.lookup("/" + DIRECTORY)
+        self._key_of: dict[int, str] = {}
+        if self.metadata_editable:
+            for key, value in self.model_file.metadata.items():
+                node = self.meta_dir.children.get(metadata_file_name(key))
+                if node is not None:
+                    self._key_of[node.ino] = key
+                    node.xattrs = {TYPE_XATTR: value.type_name.encode()}
+        self.metadata_json = self.tree.lookup("/metadata.json")
+        self.whole_files: list = []
+        self.index_node = None
+        files = self.tree.lookup("/files")
+        if files is not None:
+            for f in model.files:
+                node = files.children.get(entry_name(os.path.basename(f.path)))
+                if node is not None:
+                    node.view = ComposedView(self, f.path)
+                    self.whole_files.append(node)
+            if model.files[0].format == "safetensors" and len(model.files) > 1:
+                self._serve_index(files)
+        self._replay(store.state)
+        self._refresh_generated()
+
+    def _serve_index(self, files) -> None:
+        """A sharded safetensors model's index in files/: its weight_map follows the
+        removed and renamed tensors."""
+        for companion in self.model.companions:
+            if not companion.name.endswith(".index.json"):
+                continue
+            node = files.children.get(entry_name(companion.name))
+            if node is None:
+                continue
+            source = companion.source()
+            try:
+                index = json.loads(source.read(0, source.size))
+            except ValueError:
+                return
+            if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
+                self.index_node = node
+                self._index = index
+                node.view = IndexView(self)
+            return
+
+    def index_bytes(self, state: EditState) -> bytes:
+        index = dict(self._index)
+        weight_map = {}
+        for name, shard in index["weight_map"].items():
+            edit = state.tensors.get(name)
+            if edit is None:
+                weight_map[name] = shard
+            elif edit.name is not None:
+                weight_map[edit.name] = shard
+        index["weight_map"] = weight_map
+        return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode()
+
+    @contextlib.contextmanager
+    def _editing(self):
+        """One change at a time; afterwards the FUSE adapter is told what changed (so that
+        the kernel drops what it cached of those files and directories)."""
+        with self.lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if not self._depth:
+                    changed, self._changed = self._changed, []
+                    if changed and self.on_change is not None:
+                        nodes = {id(n): n for n in changed if n is not None}
+                        self.on_change(list(nodes.values()))
+
+    def _touch(self, *nodes) -> None:
+        self._changed.extend(nodes)
+
+    # -- the edited model --------------------------------------------------------------------
+    @property
+    def state(self) -> EditState:
+        return self.store.state
+
+    def _compose_all(self, state: EditState) -> dict:
+        """path -> ComposedFile of every model file.  Metadata edits go to the metadata
+        file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
+        out = {}
+        total = sum(1 for t in self.model.tensors
+                    if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
+        for f in self.files:
+            if f is self.model_file:
+                file_state = state
+                count = f.metadata.get("split.tensors.count")
+                if count is not None and len(self.files) > 1 and count.value() != total:
+                    file_state = state.with_metadata("split.tensors.count",
+                                                     (count.type_name, total))
+            else:
+                file_state = EditState({}, state.tensors)
+            out[f.path] = compose(f, self.headers[f.path], self.sources[f.path], file_state,
+                                  self.store.data)
+        return out
+
+    def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
+        return self.composed_all(state)[path or self.model_file.path]
+
+    def composed_all(self, state: EditState | None = None) -> dict:
+        state = self.store.state if state is None else state
+        kept = self._composed
+        if kept is not None and kept[0] is state:
+            return kept[1]
+        composed = self._compose_all(state)
+        if state is self.store.state:
+            self._composed = (state, composed)
+        return composed
+
+    def edited_model(self) -> Model:
+        files = tuple(c.model_file for c in self.composed_all().values())
+        tensors = tuple(t for f in files for t in f.tensors)
+        metadata = files[0].metadata if self.metadata_editable else self.model.metadata
+        return Model(files, tensors, metadata, self.model.source)
+
+    def _try(self, state: EditState) -> dict:
+        """Refuse (EINVAL) a state the format cannot hold, before it is kept; else its
+        composed files."""
+        try:
+            return self._compose_all(state)
+        except (EditError, TextError) as error:
+            raise EditRefused(errno.EINVAL, str(error)) from None
+
+    def _commit(self, state: EditState) -> None:
+        self._ghost = None
+        composed = self._try(state)
+        self.store.commit(state)
+        self._composed = (state, composed)
+        self.mtime_ns = time.time_ns()
+        self._refresh_generated()
+        self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
+                    *self.whole_files)
+
+    def _refresh_generated(self) -> None:
+        if self.metadata_json is None:
+            return
+        version = next(self.version)
+
+        def produce():
+            model = self.edited_model()
+            paths, plans = describe(model, self.layout)
+            return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
+        self.metadata_json.view = GeneratedView(self.cache, ("metadata.json", version), produce)
+
+    # -- the tree ----------------------------------------------------------------------------
+    def saw(self, parent_ino: int, name: str, node) -> None:
+        """A directory the kernel was told of: its path, for a rename into it."""
+        if isinstance(node, DirNode) and node.ino not in self._dir_paths:
+            parent = self._dir_paths.get(parent_ino)
+            if parent is not None:
+                self._dir_paths[node.ino] = f"{parent}/{name}" if parent else name
+
+    def writable(self, node) -> bool:
+        if isinstance(node, DirNode):
+            return node is self.tree.root or node is self.meta_dir or node.ino in self._dir_paths \
+                and self._dir_paths[node.ino].split("/")[0] not in READ_ONLY_TOP
+        return node.ino in self._key_of or self._original(node) is not None
+
+    def _original(self, node) -> str | None:
+        """The original name of the tensor a file is of, or None."""
+        if not isinstance(node, FileNode):
+            return None
+        moved = self._tensor_of.get(node.ino)
+        if moved is not None:
+            return moved
+        tensor = getattr(node.xattrs, "tensor", None)
+        return tensor.name if tensor is not None else None
+
+    def _is_raw(self, node: FileNode) -> bool:
+        return getattr(node.xattrs, "raw", None) is not None
+
+    def _sibling(self, node: FileNode):
+        other = self.tree.node(node.ino + (1 if self._is_raw(node) else -1))
+        if other is not None and self._original(other) == self._original(node):
+            return other
+        return None
+
+    def _tensor_views(self, original: str, data_name: str):
+        t = self._by_name[original]
+        data = self.store.data(data_name)
+        raw = RawView(data, 0, t.nbytes)
+        plan = plan_view(t)
+        if plan.kind == "native":
+            view = NpyView(plan.npy_dtype, t.shape, raw)
+        elif plan.kind == "converted":
+            view = NpyView("<f4", t.shape, ConvertedView(
+                data, 0, t.nbytes, plan.conversion, self.budget, ("chunk", t.name, data_name),
+                t.n_elements, pool=self.pool))
+        else:
+            view = None
+        return raw, view
+
+    def _set_views(self, node: FileNode, original: str, data_name: str) -> None:
+        raw, view = self._tensor_views(original, data_name)
+        sibling = self._sibling(node)
+        for n in (node, sibling):
+            if n is not None:
+                is_raw = self._is_raw(n)
+                n.view = raw if is_raw else view
+                # the raw file's sha256 is of its bytes now, not of the model's
+                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None)
+                self._touch(n)
+
+    def _place_dir(self, path: str) -> DirNode:
+        node = self.tree.root
+        done = []
+        for part in path.split("/") if path else []:
+            done.append(part)
+            child = node.children.get(part)
+            if child is None:
+                child = node.children[part] = self.tree.new_node(directory=True)
+                self._touch(node)
+            elif not isinstance(child, DirNode):
+                raise EditRefused(errno.EEXIST, f"{'/'.join(done)}: is a file")
+            self._dir_paths.setdefault(child.ino, "/".join(done))
+            node = child
+        return node
+
+    def _replay(self, state: EditState) -> None:
+        """Show the kept edits in a freshly built tree."""
+        for key, typed in state.metadata.items():
+            self._show_key(key, typed)
+        if not state.tensors:
+            return
+        paths = tensor_paths([t.name for t in self.model.tensors], self.layout)
+        moving = []
+        for original, edit in state.tensors.items():
+            if original not in paths:
+                continue
+            nodes = []
+            for path in paths[original]:
+                parent_path, _, leaf = path.rpartition("/")
+                parent = self.tree.lookup("/" + parent_path)
+                if parent is not None and leaf in parent.children:
+                    nodes.append((parent, leaf, parent.children[leaf]))
+            if edit.data is not None and nodes:
+                self._set_views(nodes[0][2], original, edit.data)
+            if edit.name != original:
+                for parent, leaf, _ in nodes:
+                    del parent.children[leaf]
+                if edit.name is not None:
+                    moving.append((original, edit.name, [n for _, _, n in nodes]))
+        for original, name, nodes in moving:
+            self._place_tensor(original, name, nodes)
+
+    def _place_tensor(self, original: str, name: str, nodes) -> None:
+        path = tensor_paths([name], self.layout)[name]
+        for node in nodes:
+            target = path.raw if self._is_raw(node) else path.npy
+            parent_path, _, leaf = target.rpartition("/")
+            parent = self._place_dir(parent_path)
+            if leaf in parent.children:
+                raise EditRefused(errno.EEXIST, f"{target}: exists already")
+            parent.children[leaf] = node
+            self._tensor_of[node.ino] = original
+            self._touch(parent)
+
+    def _show_key(self, key: str, typed) -> None:
+        children = self.meta_dir.children
+        name = metadata_file_name(key)
+        if typed is None:
+            node = children.pop(name, None)
+            if node is not None:
+                self._key_of.pop(node.ino, None)
+            self._touch(self.meta_dir)
+            return
+        from tensorfs.editing.compose import typed_value
+
+        value = typed_value(*typed)
+        view = metadata_view(self.cache, key, value, next(self.version))
+        node = children.get(name)
+        if node is None:
+            node = children[name] = self.tree.new_node(view)
+        else:
+            node.view = view
+        node.xattrs = {TYPE_XATTR: typed[0].encode()}
+        self._key_of[node.ino] = key
+        self._touch(node, self.meta_dir)
+
+    # -- opening for writing -----------------------------------------------------------------
+    def open_write(self, node, truncate: bool) -> Handle:
+        with self._editing():
+            if isinstance(node, DirNode):
+                raise EditRefused(errno.EISDIR, "a directory")
+            pending = self._creating.get(node.ino)
+            if pending is not None:
+                handle = Handle("metadata", node, pending.limit)
+                handle.key, handle.type_name, handle.created = pending.key, pending.type_name, True
+                handle.buf = bytearray(pending.buf)
+                return handle
+            key = self._key_of.get(node.ino)
+            if key is not None:
+                size = node.view.size
+                handle = Handle("metadata", node, max(MAX_METADATA_TEXT, 2 * size))
+                handle.key = key
+                handle.type_name = node.xattrs[TYPE_XATTR].decode()
+                if not truncate:
+                    handle.buf = bytearray(node.view.read(0, size))
+                return self._truncated(handle, truncate)
+            original = self._original(node)
+            if original is None:
+                raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
+                                  "be written")
+            t = self._by_name[original]
+            if self._is_raw(node):
+                handle = Handle("raw", node, t.nbytes)
+                if truncate:
+                    handle.pending = self.store.new_data()
+            else:
+                handle = Handle("npy", node, t.n_elements * 8 + NPY_SLACK)
+                handle.unread = not truncate    # its current bytes, read at the first write
+            handle.tensor = original
+            return self._truncated(handle, truncate)
+
+    @staticmethod
+    def _truncated(handle: Handle, truncate: bool) -> Handle:
+        """Opened with O_TRUNC: the file is empty now, and closing it is an edit (``cp
+        /dev/null metadata/KEY`` sets the empty string) even with nothing written."""
+        handle.dirty = truncate
+        return handle
+
+    @staticmethod
+    def _copy_into(view, pending) -> None:
+        at, step = 0, 1 << 20
+        while at < view.size:
+            data = view.read(at, step)
+            if not data:
+                break
+            pending.pwrite(at, data)
+            at += len(data)
+
+    def create(self, parent, name: str) -> tuple[FileNode, Handle]:
+        with self._editing():
+            if parent is not self.meta_dir:
+                raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
+            if not self.metadata_editable:
+                raise EditRefused(errno.EPERM, "a sharded safetensors model's metadata is its "
+                                  "index's: not edited here")
+            if name in parent.children:
+                raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
+            key = _unescape(name)
+            if not key:
+                raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
+            node = self.tree.new_node(GeneratedView(self.cache, ("new key", name,
+                                                                 next(self.version)), lambda: b""))
+            node.xattrs = {TYPE_XATTR: b"string"}
+            parent.children[name] = node
+            handle = Handle("metadata", node, MAX_METADATA_TEXT)
+            handle.key, handle.type_name, handle.created, handle.dirty = key, "string", True, True
+            self._creating[node.ino] = handle
+            self._touch(parent)
+            return node, handle
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, handle: Handle, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if end > handle.limit:
+            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {handle.limit} bytes)")
+        if handle.kind == "raw":
+            if handle.pending is None:
+                handle.pending = self.store.new_data()
+                self._copy_into(handle.node.view, handle.pending)
+            handle.pending.pwrite(offset, data)
+        else:
+            if handle.unread:
+                handle.buf = bytearray(handle.node.view.read(0, handle.node.view.size))
+                handle.unread = False
+            if offset > len(handle.buf):
+                handle.buf.extend(bytes(offset - len(handle.buf)))
+            handle.buf[offset:end] = data
+        handle.dirty = True
+        if handle.kind == "metadata" and handle.type_name != "string" \
+                and not handle.type_name.startswith("array") and handle.buf.endswith(b"\n"):
+            # a scalar's one line is complete: text that does not read fails the write
+            # itself, which the shell reports (`echo two > KEY`: it ignores close)
+            try:
+                parse_text(handle.type_name, bytes(handle.buf))
+            except TextError as error:
+                raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
+                                  f"(the key keeps its value)") from None
+        return len(data)
+
+    def truncate(self, node, size: int, handle: Handle | None) -> None:
+        if handle is None:
+            if isinstance(node, FileNode) and size == node.view.size:
+                return
+            raise EditRefused(errno.EINVAL, "truncate an open file (open with O_TRUNC)")
+        if size > handle.limit:
+            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
+        if handle.kind == "raw":
+            if handle.pending is None:
+                handle.pending = self.store.new_data()
+                if size:
+                    self._copy_into(handle.node.view, handle.pending)
+            handle.pending.truncate(size)
+        else:
+            if handle.unread:
+                handle.buf = bytearray(handle.node.view.read(0, min(size, handle.node.view.size)))
+                handle.unread = False
+            del handle.buf[size:]
+            handle.buf.extend(bytes(size - len(handle.buf)))
+        handle.dirty = True
+
+    def size_of(self, handle: Handle) -> int:
+        if handle.pending is not None:
+            return handle.pending.size
+        if handle.kind == "raw" or handle.unread:
+            return handle.node.view.size
+        return len(handle.buf)
+
+    def set_type(self, node, type_name: str) -> None:
+        """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
+        with self._editing():
+            if not _valid_type(type_name, self.model_file.format):
+                raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
+            pending = self._creating.get(node.ino)
+            if pending is not None:
+                pending.type_name = type_name
+                node.xattrs = {TYPE_XATTR: type_name.encode()}
+                return
+            key = self._key_of.get(node.ino)
+            if key is None:
+                raise EditRefused(errno.EPERM, f"{TYPE_XATTR} is set on metadata/ files only")
+            text = node.view.read(0, node.view.size)
+            try:
+                value = parse_text(type_name, text)
+            except TextError as error:
+                raise EditRefused(errno.EINVAL, f"{key}: {error}") from None
+            self._set_key(key, (type_name, value))
+
+    # -- closing: the edit takes effect ------------------------------------------------------
+    def flush(self, handle: Handle) -> None:
+        if not handle.dirty:
+            return
+        with self._editing():
+            if handle.kind == "metadata":
+                self._flush_metadata(handle)
+            elif handle.kind == "raw":
+                self._flush_raw(handle)
+            else:
+                self._flush_npy(handle)
+            handle.dirty = False
+
+    def _flush_metadata(self, handle: Handle) -> None:
+        try:
+            value = parse_text(handle.type_name, bytes(handle.buf))
+        except TextError as error:
+            raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
+                              f"(the key keeps its value)") from None
+        if handle.created and self._creating.get(handle.node.ino) is None \
+                and handle.node.ino not in self._key_of:
+            raise EditRefused(errno.ENOENT, f"metadata/{handle.key}: removed meanwhile")
+        self._set_key(handle.key, (handle.type_name, value))
+        self._creating.pop(handle.node.ino, None)
+        handle.created = False
+
+    def _set_key(self, key: str, typed) -> None:
+        self._commit(self.state.with_metadata(key, typed))
+        self._show_key(key, typed)
+
+    def _current_name(self, original: str) -> str | None:
+        edit = self.state.tensors.get(original)
+        return original if edit is None else edit.name
+
+    def _flush_raw(self, handle: Handle) -> None:
+        t = self._by_name[handle.tensor]
+        pending = handle.pending
+        if pending.size != t.nbytes:
+            raise EditRefused(errno.EINVAL, f"{t.name}: {pending.size} bytes written, the "
+                              f"tensor holds {t.nbytes} (it keeps its bytes)")
+        name = self._current_name(handle.tensor)
+        if name is None:
+            raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
+        data_name = pending.keep()
+        pending.drop()
+        handle.pending = None           # a later write starts from the bytes kept now
+        self._replace_data(handle, name, data_name)
+
+    def _flush_npy(self, handle: Handle) -> None:
+        import numpy as np
+
+        t = self._by_name[handle.tensor]
+        try:
+            array = np.load(io.BytesIO(bytes(handle.buf)), allow_pickle=False)
+            data = encode_array(t, array)
+        except EditError as error:
+            raise EditRefused(errno.EINVAL, f"{t.name}: {error} (it keeps its bytes)") from None
+        except (ValueError, OSError, EOFError) as error:
+            raise EditRefused(errno.EINVAL, f"{t.name}: not a .npy file of an array: "
+                              f"{error}") from None
+        name = self._current_name(handle.tensor)
+        if name is None:
+            raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
+        self._replace_data(handle, name, self.store.put_data(data))
+
+    def _replace_data(self, handle: Handle, name: str, data_name: str) -> None:
+        self._commit(self.state.with_tensor(handle.tensor, TensorEdit(name, data_name)))
+        self._set_views(handle.node, handle.tensor, data_name)
+
+    def release(self, handle: Handle) -> None:
+        with self._editing():
+            if handle.pending is not None:
+                handle.pending.drop()
+            if handle.created and self._creating.get(handle.node.ino) is handle:
+                # a new key never closed with a value it reads as: not made
+                del self._creating[handle.node.ino]
+                for name, node in list(self.meta_dir.children.items()):
+                    if node is handle.node:
+                        del self.meta_dir.children[name]
+                self._touch(self.meta_dir)
+
+    # -- removing and renaming ---------------------------------------------------------------
+    def ghost(self, parent, name: str):
+        """The other file of the tensor removed last, still found by name (not listed)
+        until it is removed too or another edit comes: ``rm -r`` lists a directory first,
+        then removes each name it saw, the second file of a tensor included."""
+        ghost = self._ghost
+        if ghost is not None and ghost[0] is parent and ghost[1] == name:
+            return ghost[2]
+        return None
+
+    def unlink(self, parent, name: str) -> None:
+        with self._editing():
+            ghost, self._ghost = self._ghost, None
+            node = parent.children.get(name)
+            if node is None and ghost is not None and ghost[0] is parent and ghost[1] == name:
+                return                      # the tensor went with its other file
+            if node is None:
+                raise EditRefused(errno.ENOENT, name)
+            if isinstance(node, DirNode):
+                raise EditRefused(errno.EISDIR, name)
+            if node.ino in self._creating:
+                del self._creating[node.ino]
+                del parent.children[name]
+                self._touch(parent)
+                return
+            key = self._key_of.get(node.ino)
+            if key is not None and parent is self.meta_dir:
+                self._commit(self.state.with_metadata(key, None) if key in self.model_file.metadata
+                             else self.state.without_metadata(key))
+                self._show_key(key, None)
+                return
+            original = self._original(node)
+            if original is None:
+                raise EditRefused(errno.EPERM, f"{name}: only metadata/ files and tensors "
+                                  "can be removed")
+            self._commit(self.state.with_tensor(original, TensorEdit(None)))
+            sibling = self._sibling(node)
+            for n in (node, sibling):
+                for leaf, child in list(parent.children.items()):
+                    if child is n:
+                        del parent.children[leaf]
+                        if n is sibling:
+                            self._ghost = (parent, leaf, n)
+            self._touch(parent)
+
+    def rmdir(self, parent, name: str) -> None:
+        with self._editing():
+            node = parent.children.get(name)
+            if node is None:
+                raise EditRefused(errno.ENOENT, name)
+            if not isinstance(node, DirNode):
+                raise EditRefused(errno.ENOTDIR, name)
+            if node is self.meta_dir or not self.writable(node) or parent is self.tree.root \
+                    and name in READ_ONLY_TOP:
+                raise EditRefused(errno.EPERM, f"{name}: not removable")
+            if node.children:
+                raise EditRefused(errno.ENOTEMPTY, name)
+            del parent.children[name]
+            self._touch(parent)
+
+    def rename(self, parent, name: str, new_parent, new_name: str) -> None:
+        with self._editing():
+            node = parent.children.get(name)
+            if node is None:
+                raise EditRefused(errno.ENOENT, name)
+            if parent is self.meta_dir or new_parent is self.meta_dir:
+                if parent is not new_parent:
+                    raise EditRefused(errno.EXDEV, "metadata keys stay in metadata/")
+                self._rename_key(node, name, new_name)
+            elif isinstance(node, DirNode):
+                self._rename_dir(node, parent, name, new_parent, new_name)
+            else:
+                self._rename_tensor(node, parent, new_parent, new_name)
+            self._touch(parent, new_parent)
+
+    def _rename_key(self, node, name: str, new_name: str) -> None:
+        key = self._key_of.get(node.ino)
+        if key is None:
+            raise EditRefused(errno.EPERM, "close a new key before renaming it")
+        new_key = _unescape(new_name)
+        if not new_key:
+            raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
+        typed = self.state.metadata.get(key)
+        if typed is None:
+            value = self.model_file.metadata[key]
+            typed = (value.type_name, value.value())
+        state = self.state.with_metadata(key, None) if key in self.model_file.metadata \
+            else self.state.without_metadata(key)
+        if new_key not in self.model_file.metadata:
+            state = state.without_metadata(new_key)
+        state = state.with_metadata(new_key, typed)
+        self._commit(state)
+        self._show_key(key, None)
+        self._show_key(new_key, typed)
+
+    def _tensor_dir(self, directory: DirNode) -> str:
+        path = self._dir_paths.get(directory.ino)
+        if path is None or path.split("/")[0] in READ_ONLY_TOP or self.layout != "tree":
+            raise EditRefused(errno.EPERM, "not a directory of tensors")
+        return path
+
+    def _rename_dir(self, node: DirNode, parent, name: str, new_parent, new_name: str) -> None:
+        """``mv a/b a/c``: every tensor below renamed (``a.b.x`` to ``a.c.x``)."""
+        old_path = "/".join(p for p in (self._tensor_dir(parent), name) if p)
+        new_path = "/".join(p for p in (self._tensor_dir(new_parent), new_name) if p)
+        if "." in new_name or not new_name:
+            raise EditRefused(errno.EINVAL, f"{new_name!r}: a directory name has no dots")
+        if new_name in new_parent.children:
+            raise EditRefused(errno.EEXIST, f"{new_path}: exists already")
+        if (new_path + "/").startswith(old_path + "/"):
+            raise EditRefused(errno.EINVAL, "a directory cannot move into itself")
+        old_prefix = ".".join(_unescape(p) for p in old_path.split("/"))
+        new_prefix = ".".join(_unescape(p) for p in new_path.split("/"))
+        files, dirs = [], []
+        pending = [(node, old_path)]
+        while pending:
+            directory, path = pending.pop()
+            dirs.append((directory, path))
+            for leaf, child in directory.children.items():
+                if isinstance(child, DirNode):
+                    pending.append((child, f"{path}/{leaf}"))
+                elif self._original(child) is not None:
+                    files.append(child)
+        current = {self._current_name(t.name) for t in self.model.tensors}
+        state = self.state
+        for original in {self._original(f) for f in files}:
+            name_now = self._current_name(original)
+            if name_now is None or not name_now.startswith(old_prefix + "."):
+                raise EditRefused(errno.EPERM, f"{name_now!r} is not named after {old_path}")
+            renamed = new_prefix + name_now[len(old_prefix):]
+            if renamed in current:
+                raise EditRefused(errno.EEXIST, f"tensor {renamed!r} exists already")
+            edit = state.tensors.get(original)
+            data = edit.data if edit is not None else None
+            state = state.with_tensor(original, TensorEdit(renamed, data)
+                                      if renamed != original or data else None)
+        self._try(state)
+        self._commit(state)
+        del parent.children[name]
+        new_parent.children[new_name] = node
+        for directory, path in dirs:
+            self._dir_paths[directory.ino] = new_path + path[len(old_path):]
+        for f in files:
+            self._tensor_of[f.ino] = self._original(f)
+        self._touch(node)
+
+    def _rename_tensor(self, node, parent, new_parent, new_name: str) -> None:
+        original = self._original(node)
+        if original is None:
+            raise EditRefused(errno.EPERM, "only tensor files can be renamed here")
+        directory = self._dir_paths.get(new_parent.ino)
+        if directory is None or directory.split("/")[0] in READ_ONLY_TOP:
+            raise EditRefused(errno.EPERM, "not a directory of tensors")
+        leaf = new_name
+        for suffix in (".npy", ".raw"):
+            if leaf.endswith(suffix):
+                leaf = leaf[:-len(suffix)]
+                break
+        if self.layout == "tree":
+            if "." in leaf:
+                raise EditRefused(errno.EINVAL, f"{new_name!r}: a name in the tree is a "
+                                  "directory path (no dots)")
+            parts = (directory.split("/") if directory else []) + [leaf]
+            new_tensor = ".".join(_unescape(p) for p in parts)
+        else:
+            if directory:
+                raise EditRefused(errno.EPERM, "the flat layout has no directories")
+            new_tensor = _unescape(leaf)
+        current = {(self._current_name(t.name)) for t in self.model.tensors}
+        if new_tensor in current:
+            raise EditRefused(errno.EEXIST, f"tensor {new_tensor!r} exists already")
+        edit = self.state.tensors.get(original)
+        data = edit.data if edit is not None else None
+        state = self.state.with_tensor(original, TensorEdit(new_tensor, data)
+                                       if new_tensor != original or data else None)
+        self._try(state)
+        nodes = [n for n in (node, self._sibling(node)) if n is not None]
+        removed = []
+        for n in nodes:
+            for leaf_name, child in list(parent.children.items()):
+                if child is n:
+                    del parent.children[leaf_name]
+                    removed.append((leaf_name, n))
+        try:
+            self._place_tensor(original, new_tensor, nodes)
+        except EditRefused:
+            for leaf_name, n in removed:
+                parent.children[leaf_name] = n
+            raise
+        self._commit(state)
+
+
+class ComposedView(View):
+    """A model file in files/ of an editable mount: the edited file as composed now; a
+    reader that opened it holds its own snapshot (``snapshot``)."""
+
+    cheap_size = True
+
+    def __init__(self, editor: Editor, path: str):
+        self.editor = editor
+        self.path = path
+
+    @property
+    def size(self) -> int:
+        return self.editor.composed(self.path).size
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.editor.mtime_ns
+
+    def snapshot(self) -> ComposedFile:
+        with self.editor.lock:
+            return self.editor.composed(self.path)
+
+    def read_into(self, offset: int, buf) -> int:
+        return self.editor.composed(self.path).read_into(offset, buf)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.editor.composed(self.path).read(offset, size)
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data = data
+        self.size = len(data)
+
+    def read_into(self, offset: int, buf) -> int:
+        part = memoryview(self.data)[offset:offset + len(buf)]
+        buf[:len(part)] = part
+        return len(part)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset:offset + size]
+
+
+class IndexView(ComposedView):
+    """A sharded safetensors model's index, its weight_map as edited."""
+
+    def __init__(self, editor: Editor):
+        super().__init__(editor, "")
+        self._kept: tuple | None = None
+
+    def _now(self) -> _Bytes:
+        state = self.editor.state
+        kept = self._kept
+        if kept is None or kept[0] is not state:
+            kept = self._kept = (state, _Bytes(self.editor.index_bytes(state)))
+        return kept[1]
+
+    @property
+    def size(self) -> int:
+        return self._now().size
+
+    def snapshot(self):
+        with self.editor.lock:
+            return self._now()
+
+    def read_into(self, offset: int, buf) -> int:
+        return self._now().read_into(offset, buf)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self._now().read(offset, size)
+
+
+def text_of(value) -> bytes:
+    """A value's text as its metadata/ file shows it."""
+    if is_array(value):
+        return render_lines(value.value(), value.type_name)
+    return scalar_text(value.value())
+
+
+__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "edited_tensors"]

@@ -1,0 +1,387 @@
+"""The block cache of a remote file: ranged requests shaped by how tensors are read.
+
+A remote file is read in fixed blocks of ``BLOCK_SIZE`` bytes, aligned in the file.  What a
+block cache for tensors adds to a plain LRU of blocks:
+
+- **one request per block**: a block being fetched is *pending*; every other read that needs
+  it waits for that request instead of making its own;
+- **merged requests**: the missing blocks one read needs (a big read, or a whole small
+  tensor) that are adjacent go in one request, up to ``MAX_REQUEST`` bytes;
+- **a small tensor whole**: a read inside a tensor of at most ``SMALL_TENSOR`` bytes fetches
+  every block of that tensor, in one request, the first time (an ``.npy`` reader then finds
+  the rest there);
+- **growing read-ahead**: a reader whose reads follow each other (its next read starts where
+  its last one ended) gets the blocks after it fetched ahead,
+  1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
+  once (what a long round trip needs: docs/remote.md);
+- blocks kept in memory in the mount's one LRU (``--cache-size``), and with a
+  ``tensorfs.sources.diskcache.DiskCache`` on disk too, keyed by the file's endpoint, path, version
+  and block size.
+
+The fetch function (``tensorfs.sources.remote.RemoteSource``) does the retries, the timeout and the
+version check; this module only decides which ranges to ask for and who waits for what.
+It owns the blocks: each is what the fetch function returned (``bytes``, or the transport
+library's own buffer), kept as it is and lent out as views, never copied again; the blocks
+of a merged request are views of its one answer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Callable
+
+from tensorfs.sources.diskcache import DiskCache
+
+# 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
+# few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
+# transfer (docs/remote.md, "block size").
+BLOCK_SIZE = 4 << 20
+MAX_REQUEST = 16 << 20          # bytes in one merged request
+SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at first read
+MAX_AHEAD = 16                  # blocks of read-ahead, at most
+STREAMS = 16                    # sequential readers told apart per file
+# Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
+# (docs/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
+# 20 ms RTT), and four readers of four tensors share them (R5).
+IN_FLIGHT = 16
+
+log = logging.getLogger("tensorfs")
+
+
+class Fetcher:
+    """The fetch threads of one mount: at most ``in_flight`` requests at once.  Jobs a reader
+    waits for (``urgent``) go first; read-ahead is taken from each ``key`` (a tensor being
+    read) in turn, so that one reader's long window does not starve the others.  The threads
+    are made in the process that uses them (the daemon forks after the mount's headers are
+    read: threads do not survive a fork) and are daemon threads: a request that hangs never
+    holds up the process's exit."""
+
+    def __init__(self, in_flight: int = IN_FLIGHT):
+        self.in_flight = in_flight
+        self._cond = threading.Condition()
+        self._urgent: deque = deque()
+        self._ahead: OrderedDict = OrderedDict()       # key -> deque of jobs
+        self._pid = 0
+        self._threads = 0
+
+    def submit(self, job: Callable[[], None], urgent: bool, key=None) -> None:
+        with self._cond:
+            if self._pid != os.getpid():
+                self._pid, self._threads = os.getpid(), 0
+            if urgent:
+                self._urgent.append(job)
+            else:
+                self._ahead.setdefault(key, deque()).append(job)
+            if self._threads < self.in_flight:
+                self._threads += 1
+                threading.Thread(target=self._work, name="tensorfs-fetch", daemon=True).start()
+            self._cond.notify()
+
+    def _next(self) -> Callable[[], None]:
+        with self._cond:
+            while not self._urgent and not self._ahead:
+                self._cond.wait()
+            if self._urgent:
+                return self._urgent.popleft()
+            key, jobs = next(iter(self._ahead.items()))
+            job = jobs.popleft()
+            del self._ahead[key]
+            if jobs:
+                self._ahead[key] = jobs         # to the back: the next key's turn
+            return job
+
+    def _work(self) -> None:
+        while True:
+            job = self._next()
+            try:
+                job()
+            except BaseException:           # any exception: a job reports to its own futures
+                log.exception("a fetch failed unexpectedly")
+
+
+_default_fetcher = Fetcher()
+
+# glibc's mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_allocator_tuned = False
+
+
+def reuse_freed_blocks() -> None:
+    """In the serving process: let a freed block's memory serve the next one.  By default
+    glibc gives each 4 MiB answer fresh pages (mmap past its threshold, an arena per thread,
+    the top of a heap trimmed at once), and the kernel zeroes and maps every page of every
+    block: a third of the daemon's CPU.  One arena, blocks from the heap (up to 32 MiB, the
+    most glibc allows) and freed memory kept up to the read-ahead's size halve the page faults
+    of a 1 GiB read through the default 256 MiB cache (docs/benchmarks.md, "Wire speed").
+    Elsewhere (another C library) nothing changes."""
+    global _allocator_tuned
+    if _allocator_tuned:
+        return
+    _allocator_tuned = True
+    import ctypes  # the serving process only (glibc's mallopt)
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    for option, value in ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 32 << 20),
+                          (_M_TRIM_THRESHOLD, IN_FLIGHT * BLOCK_SIZE)):
+        mallopt(option, value)
+
+
+class BlockReader:
+    """The blocks of one remote file.  ``fetch(start, end, deadline) -> bytes`` gets
+    ``[start, end)`` (exactly) or raises."""
+
+    def __init__(self, key: tuple, size: int, fetch: Callable[[int, int, float], bytes],
+                 memory, disk: "DiskCache | None" = None, disk_key: str | None = None,
+                 block_size: int = BLOCK_SIZE, fetcher: Fetcher | None = None):
+        self.key = key
+        self.fetcher = fetcher or _default_fetcher
+        self.size = size
+        self.fetch = fetch
+        self.memory = memory            # tensorfs.cache.ByteLRU: lookup / put
+        self.disk = disk if disk_key else None
+        self.disk_key = disk_key
+        self.block = block_size
+        self.n_blocks = (size + block_size - 1) // block_size
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._streams: OrderedDict[int, int] = OrderedDict()    # where a read ended -> window
+        self._starts: list[int] = []    # tensor extents, sorted by start
+        self._ends: list[int] = []
+        # Set for a mount (RemoteSource.start): what FUSE served is in the kernel's page cache,
+        # so a block whose every byte was served is let go at once (see _served).
+        self.page_cached = False
+        self._served: dict[int, int] = {}   # block -> bytes of it served, while page_cached
+        self.requests = 0               # how many fetches were made (tests, bench)
+        self.fetched_bytes = 0
+        self.closed = False
+
+    def set_extents(self, extents: list[tuple[int, int]]) -> None:
+        """(offset, nbytes) of the file's tensors: a small one is fetched whole."""
+        extents = sorted(e for e in extents if e[1] > 0)
+        self._starts = [o for o, _ in extents]
+        self._ends = [o + n for o, n in extents]
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_into(self, offset: int, buf, deadline: float, span: tuple[int, int] | None = None) -> int:
+        """``span``: the extent of the file being read, that read-ahead may run to (a whole
+        file of files/: all of it); by default the tensor the read falls in."""
+        size = len(buf)
+        if size <= 0:
+            return 0
+        first, last = offset // self.block, (offset + size - 1) // self.block
+        self._read_ahead(offset, offset + size, last, span)  # before waiting: all in flight at once
+        lo, hi = self._small_tensor(offset, first, last)
+        blocks = self._blocks(lo, hi, deadline, needed=(first, last))
+        out = memoryview(buf)
+        pos = 0
+        done = []
+        for index in range(first, last + 1):
+            data = blocks[index]
+            start = offset + pos - index * self.block
+            n = min(len(data) - start, size - pos)
+            with memoryview(data) as view:
+                out[pos:pos + n] = view[start:start + n]
+            pos += n
+            if self.page_cached and self._served_all(index, n):
+                done.append(index)
+        del blocks, data
+        for index in done:
+            self._let_go(index)
+        return pos
+
+    def _served_all(self, index: int, n: int) -> bool:
+        """Count ``n`` more bytes of block ``index`` served: True once it is all served."""
+        with self._lock:
+            served = self._served.get(index, 0) + n
+            if served < self._block_len(index):
+                self._served[index] = served
+                return False
+            self._served.pop(index, None)
+            return True
+
+    def _let_go(self, index: int) -> None:
+        """A block FUSE has served in full leaves the memory cache: the kernel's page cache
+        holds its bytes now.  A block read again (the kernel dropped its pages, another
+        tensor in the same block) is fetched again, never served wrong; a reader still
+        holding it keeps it alive (it is never reused for other bytes)."""
+        self.memory.pop((self.key, index))
+
+    def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i >= 0 and offset < self._ends[i] and self._ends[i] - self._starts[i] <= SMALL_TENSOR:
+            return (min(first, self._starts[i] // self.block),
+                    max(last, (self._ends[i] - 1) // self.block))
+        return first, last
+
+    def _blocks(self, lo: int, hi: int, deadline: float, needed: tuple[int, int]) -> dict:
+        """Blocks lo..hi (the ones in ``needed`` waited for), fetching what is missing."""
+        found: dict[int, bytes] = {}
+        waits: dict[int, Future] = {}
+        mine: dict[int, Future] = {}
+        with self._lock:
+            for index in range(lo, hi + 1):
+                data = self.memory.lookup((self.key, index))
+                if data is not None:
+                    found[index] = data
+                elif index in self._pending:
+                    waits[index] = self._pending[index]
+                else:
+                    mine[index] = self._pending[index] = Future()
+        if mine:
+            self._fetch_runs(sorted(mine), deadline)
+            waits.update(mine)
+        first, last = needed
+        for index, future in waits.items():
+            if first <= index <= last:
+                found[index] = self._wait(future, deadline)
+        return found
+
+    @staticmethod
+    def _wait(future: Future, deadline: float) -> bytes:
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise TimeoutError("no answer in time") from None
+
+    def _fetch_runs(self, indices: list[int], deadline: float) -> None:
+        """Fetch the pending blocks ``indices`` (sorted), adjacent ones in one request, each
+        request a job of the mount's fetch threads (the caller waits for the blocks)."""
+        runs: list[list[int]] = []
+        per_request = max(1, MAX_REQUEST // self.block)
+        for index in indices:
+            if runs and runs[-1][-1] == index - 1 and len(runs[-1]) < per_request:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            self.fetcher.submit(functools.partial(self._fetch_disk_or_run, run, deadline),
+                                urgent=True)
+
+    def _fetch_disk_or_run(self, run: list[int], deadline: float) -> None:
+        missing = [index for index in run if not self._from_disk(index)]
+        while missing:                  # what the disk lacked, in adjacent runs again
+            part = [missing.pop(0)]
+            while missing and missing[0] == part[-1] + 1:
+                part.append(missing.pop(0))
+            self._fetch_run(part, deadline)
+
+    def _from_disk(self, index: int) -> bool:
+        if self.disk is None:
+            return False
+        data = self.disk.get(self.disk_key, index, self._block_len(index))
+        if data is None:
+            return False
+        self._resolve(index, data, keep_on_disk=False)
+        return True
+
+    def _fetch_run(self, run: list[int], deadline: float) -> None:
+        start = run[0] * self.block
+        end = min(self.size, (run[-1] + 1) * self.block)
+        try:
+            if self.closed:
+                raise OSError("the mount is closing")
+            data = self.fetch(start, end, deadline)
+            with self._lock:
+                self.requests += 1
+                self.fetched_bytes += len(data)
+        except BaseException as error:
+            with self._lock:
+                futures = [self._pending.pop(i) for i in run if i in self._pending]
+            for future in futures:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        if len(run) == 1:               # the answer is the block
+            self._resolve(run[0], data, keep_on_disk=True)
+            return
+        view = memoryview(data)         # each block a view of the one answer: no copy
+        for index in run:
+            offset = index * self.block - start
+            self._resolve(index, view[offset:offset + self._block_len(index)],
+                          keep_on_disk=True)
+
+    def _resolve(self, index: int, data: bytes, keep_on_disk: bool) -> None:
+        self.memory.put((self.key, index), data)
+        if keep_on_disk and self.disk is not None:
+            self.disk.put(self.disk_key, index, data)
+        with self._lock:
+            future = self._pending.pop(index, None)
+        if future is not None and not future.done():
+            future.set_result(data)
+
+    def _block_len(self, index: int) -> int:
+        return min(self.block, self.size - index * self.block)
+
+    # -- read-ahead ------------------------------------------------------------------------
+    def _read_ahead(self, offset: int, end: int, last: int, span=None) -> None:
+        """A read that starts where an earlier one ends (or up to a block further on: the
+        kernel's read-ahead sends a file's next reads together, and FUSE threads take them in
+        any order) continues that reader's stream: its window doubles and that many blocks
+        after it are fetched, never past the end of the tensor being read (each file of a
+        mount is one tensor: what lies beyond is another file).  A stream is registered when
+        its read starts, not when it ends.  Readers of one block at once are not a stream
+        (their reads start before where the others' end)."""
+        if span is not None:
+            limit = (min(span[1], self.size) - 1) // self.block
+        else:
+            i = bisect.bisect_right(self._starts, end - 1) - 1
+            if i < 0 or end > self._ends[i]:
+                return                  # not inside a tensor (a header): no read-ahead
+            limit = (self._ends[i] - 1) // self.block
+        with self._lock:
+            key = None
+            for known in self._streams:
+                if known <= offset <= known + self.block and (key is None or known > key):
+                    key = known
+            window = self._streams.pop(key) if key is not None else None
+            if window is not None:
+                window = min(self._max_ahead(), max(1, 2 * window))
+            else:
+                window = 0              # a new reader: read-ahead from its second read on
+            self._streams[end] = window
+            while len(self._streams) > STREAMS:
+                self._streams.popitem(last=False)
+            if not window or self.closed:
+                return
+            todo = []
+            for index in range(last + 1, min(limit + 1, last + 1 + window)):
+                if index in self._pending or self.memory.lookup((self.key, index)) is not None:
+                    continue
+                self._pending[index] = Future()
+                todo.append(index)
+        if todo:
+            deadline = time.monotonic() + 3600      # nobody waits on read-ahead but readers,
+            for index in todo:                      # who wait with their own deadline
+                self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
+                                    urgent=False, key=(id(self), limit))   # one per extent read
+
+    def _max_ahead(self) -> int:
+        """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
+        must not push each other out before they are read."""
+        room = self.memory.max_bytes // (4 * self.block)
+        return max(1, min(MAX_AHEAD, room))
+
+    def _fetch_ahead(self, index: int, deadline: float) -> None:
+        if not self._from_disk(index):
+            self._fetch_run([index], deadline)
+
+    def close(self) -> None:
+        """Wake every reader waiting for a block: unmounting does not wait for a request."""
+        self.closed = True
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(OSError("the mount is closing"))
+

@@ -1,0 +1,177 @@
+"""What every transport shares: the one failure type, the base class, the bounded call."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from concurrent.futures import Future
+
+from tensorfs.errors import ModelError
+from tensorfs.sources.location import display_url
+
+log = logging.getLogger("tensorfs")
+
+EXTRA = "tensorfs-fuse[remote]"
+PROBE_BYTES = 64 << 10          # the first request of a file: its size, version and header
+
+# Loggers of the libraries under the transports.  Their DEBUG records carry request headers
+# (Authorization, X-Amz-Security-Token), signed URLs and credentials: ``--debug`` is
+# tensorfs's own detail, never theirs (``quiet_libraries``).
+LIBRARY_LOGGERS = ("botocore", "boto3", "s3fs", "aiobotocore", "fsspec", "aiohttp", "urllib3",
+                   "requests", "httpx", "httpcore", "huggingface_hub", "filelock", "gcsfs",
+                   "adlfs", "azure", "google", "obstore")
+
+
+class FetchError(OSError):
+    """One failed request.  ``kind``: not_found, denied, no_range, version, unreachable,
+    untrusted (the server's certificate), timeout, too_long, encoding, http, closing,
+    not_a_file.  ``transient``: worth another
+    try."""
+
+    def __init__(self, kind: str, message: str, *, status: int | None = None,
+                 transient: bool = False, hint: str = ""):
+        super().__init__(errno.EIO, message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.transient = transient
+        self.hint = hint
+
+    def __reduce__(self):
+        # across the helper process's pipe (tensorfs.sources.transports.objects): OSError's own
+        # pickling would rebuild it from (errno, strerror)
+        return (_fetch_error, (self.kind, self.message, self.status, self.transient, self.hint))
+
+
+def _fetch_error(kind, message, status, transient, hint) -> FetchError:
+    return FetchError(kind, message, status=status, transient=transient, hint=hint)
+
+
+def status_error(status: int, hint_401: str = "") -> FetchError:
+    """What an HTTP status other than 200/206 means for a read."""
+    if status == 404:
+        return FetchError("not_found", "not found (HTTP 404)", status=status)
+    if status in (401, 403):
+        return FetchError("denied", f"access denied (HTTP {status})", status=status,
+                          hint=hint_401)
+    if status == 412:
+        return FetchError("version", "the file changed: its ETag is no longer the one pinned at "
+                          "mount (HTTP 412)", status=status)
+    return FetchError("http", f"HTTP {status}", status=status,
+                      transient=status >= 500 or status in (408, 429))
+
+
+def exact(data, start: int, end: int):
+    """``data`` if it is all of ``[start, end)``: fewer bytes are worth another try, more are
+    refused (the answer is bounded by the range asked for)."""
+    n = len(data)
+    if n > end - start:
+        raise FetchError("too_long", f"the server sent more than the {end - start} bytes asked for")
+    if n < end - start:
+        raise FetchError("http", f"short read: {n} of {end - start} bytes", transient=True)
+    return data
+
+
+def missing_extra(module: str, url: str) -> ModelError:
+    return ModelError("remote_extra", f"reading a URL needs the optional packages of {EXTRA} "
+                      f"(missing: {module}): in a tensorfs checkout, pip install -e '.[remote]' "
+                      f"(make test installs them into .venv)", file=display_url(url))
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' own DEBUG records out of the log whatever the root level is."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET or logger.level < logging.WARNING:
+            logger.setLevel(logging.WARNING)
+
+
+def bounded(fn, timeout: float, *args, **kwargs):
+    """``fn(*args, **kwargs)``, waited for at most ``timeout`` seconds: for the calls whose
+    library has no deadline of its own (huggingface_hub's listing, an fsspec filesystem's
+    ``info``).  It runs in a daemon thread, so that a call that never returns is left behind
+    without holding up the process's exit."""
+    future: Future = Future()
+
+    def run():
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:      # any exception: handed to the waiting caller
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="tensorfs-call", daemon=True).start()
+    try:
+        return future.result(timeout=max(0.0, timeout))
+    except TimeoutError:
+        raise FetchError("timeout", f"no answer within {timeout:g} s", transient=True) from None
+
+
+class Transport:
+    """Requests for the files of one place (a URL prefix, a bucket, a repo's commit).
+    Made again in the daemon after the fork where the library holds threads or sessions
+    (``reopen``)."""
+
+    etag_checked = False
+
+    def __init__(self, url: str, settings):
+        self.url = url
+        self.settings = settings            # tensorfs.sources.remote.RemoteSettings
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.closing = False
+        quiet_libraries()
+        self._connect()
+
+    listable = True                     # a directory can be listed (not plain HTTP)
+
+    def normalize(self, path: str) -> str:
+        """How ``path`` is shown and keyed: without credentials."""
+        return display_url(path)
+
+    def serve(self) -> None:
+        """This process serves the mount from now on (the daemon, after the fork)."""
+        self.reopen()
+
+    def _connect(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Refuse new requests: the mount is going away (the block cache wakes the readers
+        waiting for requests in flight)."""
+        self.closing = True
+
+    def reopen(self) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._connect()
+
+    def identity(self, path: str) -> str | None:
+        """What the disk cache keys ``path``'s blocks by, with the version: the endpoint and
+        the path, unambiguously (a mirror holding the same version is another identity).  It
+        may hold a secret (a signed query): hashed, never shown.  None: not kept on disk."""
+        return None
+
+    def probe(self, path: str, timeout: float) -> tuple[int, str | None, bytes, float | None]:
+        """(size, version, first bytes, mtime) of a file, in one request where possible."""
+        raise NotImplementedError
+
+    def fetch(self, path: str, start: int, end: int, version: str | None, timeout: float):
+        """Exactly the bytes ``[start, end)`` of ``path`` at ``version``: ``bytes`` or the
+        library's own buffer (anything with the buffer protocol), never copied again here."""
+        raise NotImplementedError
+
+    def kind(self, path: str) -> str | None:
+        raise NotImplementedError
+
+    def files(self, directory: str) -> list[str]:
+        raise NotImplementedError
+
+    def sizes(self, directory: str) -> dict[str, int]:
+        """Name -> size, for the files whose size ``directory``'s listing gave (asked after
+        ``files``: a transport that keeps its listing asks nothing again)."""
+        return {}
+
+

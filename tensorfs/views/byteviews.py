@@ -1,0 +1,593 @@
+"""Views: everything a file in the mount can be.  Each is a ``View`` (declared below): a
+``size`` and ``read(offset, size) -> bytes``; none knows about FUSE or about the tree it
+sits in.
+
+- ``RawView``: a byte range of the model file, served as stored.
+- ``GeneratedView``: content made on first use and kept in the shared LRU cache in blocks
+  (metadata.json, metadata/ files); its size is learnt by generating it once, and reading
+  it costs one generation whatever the cache holds.
+- ``NpyView``: an .npy file, a header made on first use followed by a data view.
+- ``ConvertedView``: a tensor converted to float32 block by block, only for the bytes a
+  reader asks for (``tensorfs.convert`` supplies the kernels).
+
+``cheap_size`` says whether ``size`` costs next to nothing (a listing then gives it unasked,
+so that ``ls -l`` needs no lookup per file) or may have to generate content first.
+
+Each also has ``read_into(offset, buf) -> n``: the same bytes written into a writable buffer
+(the one the FUSE reply is sent from), so that the hot path builds no bytes object and copies
+once — see docs/serving.md.  ``View.read_into`` copies ``read`` for a view that has no
+faster way.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import threading
+import weakref
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Hashable
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from tensorfs.budget import STREAM_BYTES, MemoryBudget
+from tensorfs.cache import ByteLRU
+from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
+from tensorfs.sources.local import Source
+
+log = logging.getLogger("tensorfs")
+
+
+def _clip(offset: int, size: int, total: int) -> tuple[int, int]:
+    if offset >= total or size <= 0:
+        return total, 0
+    return offset, min(size, total - offset)
+
+
+def _copy_into(buf: memoryview, data) -> int:
+    n = min(len(buf), len(data))
+    buf[:n] = memoryview(data)[:n]
+    return n
+
+
+class View(ABC):
+    """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
+    default here, which a view overrides where it can do more."""
+
+    #: ``size`` costs next to nothing (a listing then gives it unasked); False where it may
+    #: have to generate content first
+    cheap_size: bool = True
+    #: the file's own mtime, or None for the mount's
+    mtime_ns: int | None = None
+    #: the file's own (mode bits, uid, gid) -- a local file of files/ keeps its source's --
+    #: or None for the mount's
+    owner: tuple[int, int, int] | None = None
+    size: int
+
+    @abstractmethod
+    def read(self, offset: int, size: int) -> bytes:
+        """At most ``size`` bytes at ``offset`` (fewer past the end)."""
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        """The same bytes written into the writable buffer ``buf``; how many."""
+        return _copy_into(buf, self.read(offset, len(buf)))
+
+    def open(self) -> int | None:
+        """Called at each open: raise to refuse it (a file changed since the mount: EIO);
+        a descriptor holding all of the file's bytes at their own offsets, for the kernel
+        to read itself (FUSE passthrough), or None."""
+        return None
+
+    def read_fd(self, offset: int, size: int) -> tuple[int, int, int] | None:
+        """(descriptor, offset in it, count) of the bytes at ``offset``, checked as a read
+        would be, for a reply that names them rather than copying them (splice); None
+        where they are not in a local file."""
+        return None
+
+
+class RawView(View):
+    """A byte range of a source, served as stored."""
+
+    _span = None        # read-ahead stays inside the tensor the range is (blockcache)
+
+    def __init__(self, source: Source, offset: int, nbytes: int):
+        self.source = source
+        self.offset = offset
+        self.size = nbytes
+
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = _clip(offset, size, self.size)
+        return self.source.read(self.offset + offset, size)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        offset, size = _clip(offset, len(buf), self.size)
+        return self.source.read_into(self.offset + offset, buf[:size],
+                                     span=self._span) if size else 0
+
+    def open(self) -> None:
+        """A file changed since the mount is refused at open (EIO), as at a read."""
+        self.source.vouch()
+
+    # A local file's bytes are named, not copied: tensorfs.mount.fuse3 replies with the descriptor
+    # and offset (splice), so a raw read never passes through Python (benchmark W3).
+    def read_fd(self, offset: int, size: int):
+        fd = self.source.local_fd
+        if fd is None:
+            return None
+        offset, size = _clip(offset, size, self.size)
+        if size:
+            self.source.vouch(self.offset + offset, size)
+        return fd, self.offset + offset, size
+
+
+# Generated content is kept in the shared LRU in blocks of this many bytes.
+GENERATED_BLOCK = 256 << 10
+# A generated file larger than the cache is read through cursors: each is its producer, left
+# where the last block it made ended, with the last WINDOW_BLOCKS blocks it made: the
+# kernel's read-ahead has several 1 MiB requests in flight, answered in any order by
+# libfuse's threads (seen: a request 2.5 MiB behind one already answered).  A reader
+# continues the cursor just behind it, so two readers of one file each keep their own.  At
+# most LIVE_CURSORS live at a time, the oldest dropped first: WINDOW_BLOCKS *
+# GENERATED_BLOCK * LIVE_CURSORS = 32 MiB at most outside --cache-size (before, such a file
+# was generated whole for every read), besides what each producer holds (the decoded value
+# it is writing out, no more than the model holds).
+WINDOW_BLOCKS = 32
+LIVE_CURSORS = 4
+
+_live_cursors: list = []            # (weak reference to the view, its cursor), oldest first
+_live_lock = threading.Lock()
+
+
+class _Cursor:
+    """A producer part-way through: ``index`` is the block it makes next."""
+
+    __slots__ = ("pieces", "index", "pending", "window")
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.index = 0
+        self.pending = bytearray()
+        self.window: dict[int, bytes] = {}
+
+    def next_block(self) -> bytes | None:
+        """The next block (the last one may be short), or None past the end."""
+        while len(self.pending) < GENERATED_BLOCK:
+            piece = next(self.pieces, None)
+            if piece is None:
+                break
+            self.pending += piece
+        if not self.pending:
+            return None
+        block = bytes(self.pending[:GENERATED_BLOCK])
+        del self.pending[:GENERATED_BLOCK]
+        self.window[self.index] = block
+        self.window.pop(self.index - WINDOW_BLOCKS, None)
+        self.index += 1
+        return block
+
+
+class GeneratedView(View):
+    """Content made by ``produce()`` -- bytes, or an iterable of bytes pieces (metadata.json,
+    a vocabulary's text) -- kept in the shared LRU in blocks of ``GENERATED_BLOCK``.
+
+    Reading it from start to end costs one generation (two with the first stat, which
+    generates once to learn the size) whatever ``--cache-size`` is: a block the cache no
+    longer holds is made by the cursor, which continues the producer from where the last
+    block ended; only a read behind the cursor (and outside its window) starts the producer
+    again.  Content that fits in the cache is generated once, as before.  ``generations``
+    counts the producer's starts (logged at debug level)."""
+
+    def __init__(self, cache: ByteLRU, key: Hashable, produce: Callable[[], object],
+                 size: int | None = None):
+        self.cache = cache
+        self.key = key
+        self.produce = produce
+        self._size = size
+        self._lock = threading.Lock()
+        self._cursors: list[_Cursor] = []
+        self.generations = 0
+
+    def _start(self, keep: bool = True) -> _Cursor:
+        self.generations += 1
+        log.debug("%s: generating (start %d)", self.key, self.generations)
+        out = self.produce()
+        if isinstance(out, (bytes, bytearray, memoryview)):
+            out = (bytes(out),)
+        cursor = _Cursor(iter(out))
+        if keep:
+            self._cursors.append(cursor)
+            with _live_lock:
+                _live_cursors.append((weakref.ref(self), cursor))
+                while len(_live_cursors) > LIVE_CURSORS:
+                    ref, old = _live_cursors.pop(0)
+                    view = ref()
+                    if view is not None and old in view._cursors:
+                        view._cursors.remove(old)
+        return cursor
+
+    def _keep(self, index: int, block: bytes) -> None:
+        """A block made on the way to another: kept if the cache can (never waits: the
+        thread that asked for it may be waiting for this view's lock)."""
+        self.cache.put((self.key, index), block)
+
+    def _make(self, index: int) -> bytes:
+        """Block ``index``: from a cursor's window, or made by the cursor nearest behind
+        it, or by a new one."""
+        with self._lock:
+            cursor = None
+            for c in list(self._cursors):
+                block = c.window.get(index)
+                if block is not None:
+                    return block
+                if c.index <= index and (cursor is None or c.index > cursor.index):
+                    cursor = c
+            if cursor is None:
+                log.debug("%s: block %d: no cursor behind it (%s)", self.key, index,
+                          [c.index for c in self._cursors])
+                cursor = self._start()
+            try:
+                while True:
+                    block = cursor.next_block()
+                    if block is None:               # past the end: done with the producer
+                        self._drop(cursor)
+                        return b""
+                    if cursor.index - 1 == index:
+                        return block
+                    self._keep(cursor.index - 1, block)
+            except BaseException:
+                self._drop(cursor)
+                raise
+
+    def _drop(self, cursor: _Cursor) -> None:
+        if cursor in self._cursors:
+            self._cursors.remove(cursor)
+
+    def _block(self, index: int) -> bytes:
+        return self.cache.get((self.key, index), lambda: self._make(index))
+
+    @property
+    def size(self) -> int:
+        if self._size is None:
+            with self._lock:
+                if self._size is None:
+                    self._check()
+                    cursor = self._start(keep=False)
+                    total = 0
+                    while (block := cursor.next_block()) is not None:
+                        self._check()
+                        self._keep(cursor.index - 1, block)
+                        total += len(block)
+                    self._size = total
+        return self._size
+
+    def stop(self) -> None:
+        """The mount is ending: a size still being learnt (the whole content generated,
+        O(model) for metadata.json) is given up, within a block, and not started again;
+        the requests waiting for it get ECANCELED instead of holding up the end."""
+        self._stopped = True
+
+    _stopped = False
+
+    def _check(self) -> None:
+        if self._stopped:
+            raise OSError(errno.ECANCELED, f"{self.key}: not generated: the mount is ending")
+
+    @property
+    def cheap_size(self) -> bool:
+        return self._size is not None
+
+    def read(self, offset: int, size: int) -> bytes:
+        out = bytearray(max(0, min(size, self.size - offset)))
+        n = self.read_into(offset, memoryview(out))
+        return bytes(out[:n])
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        offset, size = _clip(offset, len(buf), self.size)
+        pos = 0
+        while pos < size:
+            index, skip = divmod(offset + pos, GENERATED_BLOCK)
+            block = self._block(index)
+            if len(block) <= skip:
+                break
+            n = _copy_into(buf[pos:size], memoryview(block)[skip:])
+            pos += n
+        return pos
+
+
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The .npy header numpy.save would write for a C-order array of this dtype and shape:
+    format 1.0 unless the header needs 2.0, padded so the data starts on a 64-byte boundary."""
+    header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
+    buf = io.BytesIO()
+    try:
+        npy_format.write_array_header_1_0(buf, header)
+    except ValueError:
+        buf = io.BytesIO()
+        npy_format.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+class NpyView(View):
+    """An .npy file: header + the data view.  The header is built on first use, so a tree
+    of 100k tensors costs nothing per tensor until one is looked at."""
+
+    cheap_size = True       # the header takes ~6 us to build, a FUSE round trip far more
+
+    def __init__(self, descr: str, shape: tuple[int, ...], data_view):
+        self.descr = descr
+        self.shape = tuple(shape)
+        self.data = data_view
+        self._header: bytes | None = None
+
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            self._header = npy_header(self.descr, self.shape)
+        return self._header
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + self.data.size
+
+    def read(self, offset: int, size: int) -> bytes:
+        header = self.header
+        offset, size = _clip(offset, size, len(header) + self.data.size)
+        if size == 0:
+            return b""
+        end = offset + size
+        if offset >= len(header):
+            return self.data.read(offset - len(header), size)
+        head = header[offset:end]
+        if end <= len(header):
+            return head
+        return head + self.data.read(0, end - len(header))
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        header = self.header
+        offset, size = _clip(offset, len(buf), len(header) + self.data.size)
+        if size == 0:
+            return 0
+        if offset >= len(header):
+            return self.data.read_into(offset - len(header), buf[:size])
+        n = _copy_into(buf[:size], memoryview(header)[offset:])
+        if n < size:
+            n += self.data.read_into(0, buf[n:size])
+        return n
+
+
+# Converted chunks are this many float32 output bytes (rounded to whole blocks): big enough
+# that one chunk serves several 128 KiB kernel reads, small enough that a random read
+# converts little it does not need.
+CHUNK_OUTPUT_BYTES = 1 << 20
+
+# Chunks converted for sequential readers (and ahead of them) live in a store of their own,
+# the budget's ``stream`` (tensorfs.budget); random reads use the shared LRU.
+# A sequential reader gets this many chunks converted ahead of it, by this many workers
+# (one per core, at most two: more only queue behind the GIL).  Benchmark rows 4 and 6.
+READ_AHEAD_CHUNKS = 2
+READ_AHEAD_WORKERS = min(2, os.cpu_count() or 1)
+
+
+class _ChunkBuffers:
+    """Recycled chunk buffers: a chunk dropped by a cache gives its bytearray back here."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> bytearray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return bytearray(CHUNK_OUTPUT_BYTES)
+
+    def give(self, buf: bytearray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(buf)
+
+
+_BUFFERS = _ChunkBuffers(keep=STREAM_BYTES // CHUNK_OUTPUT_BYTES)
+# Stored bytes of the blocks being converted, read into a reused buffer.  Shared, not per
+# thread: libfuse threads come and go, and a buffer per thread would go with them only if
+# their Python thread state did (it does not: tensorfs.mount.fuse3.Session._guarded keeps it).
+_SCRATCH = _ChunkBuffers(keep=8)
+
+
+class _Chunk:
+    """A converted chunk in a recycled buffer; ``len`` is its size in bytes (what the caches
+    count).  Whoever reads ``data`` holds the chunk meanwhile, so the buffer is recycled only
+    once nobody can see it."""
+
+    __slots__ = ("buf", "n")
+
+    def __init__(self, n: int):
+        self.buf = _BUFFERS.take()
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def data(self) -> memoryview:
+        return memoryview(self.buf)[:self.n]
+
+    def __del__(self):
+        try:
+            _BUFFERS.give(self.buf)
+        except Exception:       # interpreter shutdown
+            pass
+
+
+def worker_pool(workers: int | None, budget: MemoryBudget) -> WorkerPool | None:
+    """The conversion workers of a mount (tensorfs.convert.workers): ``workers`` of them, started by
+    the first costly conversion; or, by default (None), as many as pay on this machine now
+    (none on 2 CPUs), started only by a conversion of a tensor large enough to pay for their
+    start (the mount also starts them ahead, ``MountedModel.start``).  The pool's slots
+    are chunks: as many as the budget's caches hold."""
+    if workers is None:
+        size, start_work = paying_size(), START_WORK_BYTES
+    else:
+        size, start_work = workers, 0
+    if size <= 0:
+        return None
+    return WorkerPool(size, slot_bytes=CHUNK_OUTPUT_BYTES, held_bytes=budget.held_bytes,
+                      start_work=start_work)
+
+
+class ConvertedView(View):
+    """A tensor's float32 conversion, computed lazily in block-aligned chunks.
+
+    Costly conversions (K-quants, IQ types ...) keep their chunks in the shared LRU and a
+    sequential reader gets the next chunks converted ahead; with a worker ``pool``
+    (tensorfs.convert.workers) ready, worker processes convert them into the pool's arena (a chunk
+    is then a ``PoolChunk``, its slot the pool's again once the caches drop it), else
+    threads of this process do.  Cheap ones
+    (BF16, FP8) convert just the blocks a read covers, straight into the reader's buffer
+    when the read is block-aligned (every kernel read is), and keep nothing.
+    """
+
+    cheap_size = True
+
+    def __init__(self, source: Source, offset: int, nbytes: int, conversion,
+                 budget: MemoryBudget, key: Hashable, n_elements: int, pool=None):
+        self.source = source
+        self.pool = pool
+        self.offset = offset
+        self.nbytes = nbytes
+        self.conversion = conversion
+        self.cache = budget.cache
+        self.key = key
+        self.size = n_elements * 4
+        self.block_out = conversion.block_elems * 4
+        blocks_per_chunk = max(1, CHUNK_OUTPUT_BYTES // self.block_out)
+        self.chunk_out = blocks_per_chunk * self.block_out
+        self.chunk_in = blocks_per_chunk * conversion.block_bytes
+        self._last_end = -1
+        self.stream = budget.stream if conversion.costly else None
+
+    # -- conversion of whole blocks -------------------------------------------------------
+    def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
+        start = first_block * self.conversion.block_bytes
+        length = n_blocks * self.conversion.block_bytes
+        scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
+        try:
+            raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
+            self.source.read_into(self.offset + start, memoryview(scratch)[:length])
+            self.conversion.convert(raw, out=out)
+            del raw
+        finally:
+            if len(scratch) == CHUNK_OUTPUT_BYTES:
+                _SCRATCH.give(scratch)
+
+    def _convert_chunk(self, index: int):
+        """Chunk ``index``: a worker's (a ``tensorfs.convert.workers.PoolChunk``) when the pool has
+        one ready and a slot free, else converted here into a recycled buffer."""
+        blocks_per_chunk = self.chunk_out // self.block_out
+        first = index * blocks_per_chunk
+        count = min(blocks_per_chunk, self.size // self.block_out - first)
+        if self.pool is not None:
+            start = self.offset + first * self.conversion.block_bytes
+            chunk = self.pool.convert(self.conversion,
+                                      lambda buf: self.source.read_into(start, buf),
+                                      count * self.conversion.block_bytes,
+                                      count * self.block_out, work=self.size)
+            if chunk is not None:
+                return chunk
+        chunk = _Chunk(count * self.block_out)
+        self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
+        return chunk
+
+    def _chunk(self, index: int, sequential: bool = False) -> _Chunk:
+        key = (self.key, index)
+        if sequential or self.stream.peek(key):
+            return self.stream.get(key, lambda: self._convert_chunk(index))
+        return self.cache.get(key, lambda: self._convert_chunk(index))
+
+    # -- reads ----------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes:
+        offset, size = _clip(offset, size, self.size)
+        out = bytearray(size)
+        n = self.read_into(offset, memoryview(out))
+        return bytes(out[:n])
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        offset, size = _clip(offset, len(buf), self.size)
+        if size == 0:
+            return 0
+        end = offset + size
+        if not self.conversion.costly:
+            bo = self.block_out
+            first = offset // bo
+            last = (end + bo - 1) // bo
+            if offset % bo == 0 and size % bo == 0:         # straight into the reply
+                self._convert_into(first, last - first, np.frombuffer(buf[:size], dtype=np.float32))
+                return size
+            tmp = bytearray((last - first) * bo)            # unaligned: in-process reads only
+            self._convert_into(first, last - first, np.frombuffer(tmp, dtype=np.float32))
+            skip = offset - first * bo
+            buf[:size] = memoryview(tmp)[skip:skip + size]
+            return size
+        first_chunk = offset // self.chunk_out
+        last_chunk = (end - 1) // self.chunk_out
+        # Sequential: this read starts in the chunk where the previous one ended, or the
+        # next (the kernel's read-ahead requests may come in slightly out of order).
+        previous = self._last_end
+        sequential = previous >= 0 and 0 <= first_chunk - (previous - 1) // self.chunk_out <= 1
+        self._last_end = end
+        pos = 0
+        for index in range(first_chunk, last_chunk + 1):
+            chunk = self._chunk(index, sequential)
+            base = index * self.chunk_out
+            lo = max(offset, base) - base
+            hi = min(end, base + len(chunk)) - base
+            buf[pos:pos + hi - lo] = chunk.data[lo:hi]
+            pos += hi - lo
+        if sequential:
+            pool = self.pool
+            if pool is not None and pool.ready_workers:
+                # every worker has a chunk while the reader is served; these threads only
+                # wait for the workers (benchmark row 4w)
+                ahead = threads = pool.size + 1
+            else:
+                ahead, threads = READ_AHEAD_CHUNKS, READ_AHEAD_WORKERS
+            executor = _read_ahead_executor(threads)
+            for index in range(last_chunk + 1, last_chunk + ahead + 1):
+                self._read_ahead(index, executor)
+        return pos
+
+    def _read_ahead(self, index: int, executor) -> None:
+        key = (self.key, index)
+        if index * self.chunk_out >= self.size or self.stream.peek(key) or self.cache.peek(key):
+            return
+        try:
+            executor.submit(self._quiet_chunk, index)
+        except RuntimeError:    # no thread to be had (RLIMIT_NPROC, memory): read-ahead is
+            pass                # only ever a head start, and never fails the read it follows
+
+    def _quiet_chunk(self, index: int) -> None:
+        try:
+            self._chunk(index, sequential=True)
+        except Exception:      # a failed read-ahead is retried, and reported, by the real read
+            pass
+
+
+
+_executors: dict[int, ThreadPoolExecutor] = {}
+_executors_lock = threading.Lock()
+
+
+def _read_ahead_executor(threads: int) -> ThreadPoolExecutor:
+    """The read-ahead threads: ``READ_AHEAD_WORKERS`` converting in-thread, or as many as a
+    worker pool's workers plus one, waiting for them."""
+    with _executors_lock:
+        executor = _executors.get(threads)
+        if executor is None:
+            executor = _executors[threads] = ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix="readahead")
+        return executor
