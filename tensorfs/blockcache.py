@@ -10,8 +10,14 @@ block cache for tensors adds to a plain LRU of blocks:
 - **a small tensor whole**: a read inside a tensor of at most ``SMALL_TENSOR`` bytes fetches
   every block of that tensor, in one request, the first time (an ``.npy`` reader then finds
   the rest there);
+- **exact ranges for a random reader**: a read smaller than a block that does not continue
+  a run of more than ``EXACT_RUN`` bytes in sequence fetches just its bytes, kept nowhere (the
+  kernel's page cache keeps what FUSE served): a random reader (an mmap'd model's scattered
+  page faults, a 1 MiB read here and there) is sent what it asks for, not 4 MiB per read;
 - **growing read-ahead**: a reader whose reads follow each other (its next read starts where
-  its last one ended) gets the blocks after it fetched ahead,
+  its last one ended) is a sequential reader once it has read ``EXACT_RUN`` bytes in a row
+  and reads on:
+  from then on it reads whole blocks and gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
   once (what a long round trip needs: docs/remote.md);
 - blocks kept in memory in the mount's one LRU (``--cache-size``), and with a
@@ -47,6 +53,12 @@ BLOCK_SIZE = 4 << 20
 MAX_REQUEST = 16 << 20          # bytes in one merged request
 SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at first read
 MAX_AHEAD = 16                  # blocks of read-ahead, at most
+# A reader is sequential once it has read more than this in a row; until then its reads
+# smaller than a block fetch just their bytes.  1 MiB: the kernel's largest read-ahead on a
+# mount (a random 1 MiB read arrives as one run of FUSE reads of up to that size) - so a
+# random reader's run never turns sequential, and a sequential one fetches 1 MiB in pieces
+# before its blocks (fetched whole: up to a block's bytes again, once per stream).
+EXACT_RUN = 1 << 20
 STREAMS = 16                    # sequential readers told apart per file
 # Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
 # (docs/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
@@ -162,6 +174,10 @@ class BlockReader:
         # so a block whose every byte was served is let go at once (see _served).
         self.page_cached = False
         self._served: dict[int, int] = {}   # block -> bytes of it served, while page_cached
+        self._pieces: dict[tuple[int, int], Future] = {}    # exact ranges being fetched
+        # Reads in exact ranges: never with a disk cache, whose unit is the block (what is
+        # fetched is kept for the next mount, and a block is what the disk holds).
+        self.exact_reads = disk is None or not disk_key
         self.requests = 0               # how many fetches were made (tests, bench)
         self.fetched_bytes = 0
         self.closed = False
@@ -180,8 +196,11 @@ class BlockReader:
         if size <= 0:
             return 0
         first, last = offset // self.block, (offset + size - 1) // self.block
-        self._read_ahead(offset, offset + size, last, span)  # before waiting: all in flight at once
+        # before waiting: all in flight at once
+        run = self._read_ahead(offset, offset + size, last, span)
         lo, hi = self._small_tensor(offset, first, last)
+        if self.exact_reads and run <= EXACT_RUN and size < self.block and (lo, hi) == (first, last):
+            return self._read_exact(offset, buf, deadline, first, last)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         out = memoryview(buf)
         pos = 0
@@ -199,6 +218,72 @@ class BlockReader:
         for index in done:
             self._let_go(index)
         return pos
+
+    def _read_exact(self, offset: int, buf, deadline: float, first: int, last: int) -> int:
+        """A random reader's read: blocks already here (or on their way) are used, the rest
+        of the range is fetched as it is, in one request per missing stretch, and kept
+        nowhere.  A read wholly inside a stretch being fetched for another waits for it."""
+        end = offset + len(buf)
+        parts: list[tuple[int, int, object]] = []      # (start, end, bytes or Future), in order
+        todo: list[tuple[int, int, Future]] = []        # the stretches this read fetches
+        with self._lock:
+            for index in range(first, last + 1):
+                a, b = max(offset, index * self.block), min(end, (index + 1) * self.block)
+                data = self.memory.lookup((self.key, index))
+                if data is None:
+                    data = self._pending.get(index)
+                if data is not None:
+                    parts.append((index * self.block, index * self.block + self._block_len(index),
+                                  data))
+                    continue
+                held = next(((s, e, f) for (s, e), f in self._pieces.items() if s <= a and b <= e),
+                            None)
+                if held is not None:
+                    parts.append(held)
+                    continue
+                if todo and parts and parts[-1] is todo[-1] and todo[-1][1] == a:
+                    a = todo[-1][0]                 # the stretch before goes on: one request
+                    del self._pieces[a, todo[-1][1]]
+                    parts.pop()
+                    todo.pop()
+                stretch = (a, b, Future())
+                self._pieces[a, b] = stretch[2]
+                parts.append(stretch)
+                todo.append(stretch)
+        for a, b, future in todo:
+            self.fetcher.submit(functools.partial(self._fetch_piece, a, b, future, deadline),
+                                urgent=True)
+        out = memoryview(buf)
+        pos = offset
+        for start, stop, data in parts:
+            if isinstance(data, Future):
+                data = self._wait(data, deadline)
+            n = min(stop, end) - pos
+            if n <= 0:
+                continue
+            with memoryview(data) as view:
+                out[pos - offset:pos - offset + n] = view[pos - start:pos - start + n]
+            pos += n
+        return pos - offset
+
+    def _fetch_piece(self, start: int, end: int, future: Future, deadline: float) -> None:
+        try:
+            if self.closed:
+                raise OSError("the mount is closing")
+            data = self.fetch(start, end, deadline)
+            with self._lock:
+                self.requests += 1
+                self.fetched_bytes += len(data)
+        except BaseException as error:      # noqa: BLE001 - the reader gets it
+            with self._lock:
+                self._pieces.pop((start, end), None)
+            if not future.done():
+                future.set_exception(error)
+            return
+        with self._lock:
+            self._pieces.pop((start, end), None)
+        if not future.done():
+            future.set_result(data)
 
     def _served_all(self, index: int, n: int) -> bool:
         """Count ``n`` more bytes of block ``index`` served: True once it is all served."""
@@ -324,36 +409,40 @@ class BlockReader:
         return min(self.block, self.size - index * self.block)
 
     # -- read-ahead ------------------------------------------------------------------------
-    def _read_ahead(self, offset: int, end: int, last: int, span=None) -> None:
-        """A read that starts where an earlier one ends (or up to a block further on: the
-        kernel's read-ahead sends a file's next reads together, and FUSE threads take them in
-        any order) continues that reader's stream: its window doubles and that many blocks
-        after it are fetched, never past the end of the tensor being read (each file of a
-        mount is one tensor: what lies beyond is another file).  A stream is registered when
-        its read starts, not when it ends.  Readers of one block at once are not a stream
-        (their reads start before where the others' end)."""
+    def _read_ahead(self, offset: int, end: int, last: int, span=None) -> int:
+        """A read that starts where an earlier one ends (for a sequential reader, up to a
+        block further on: the kernel's read-ahead sends a file's next reads together, and
+        FUSE threads take them in any order) continues that reader's stream.  Once the
+        stream has read more than ``EXACT_RUN`` bytes in a row, its window doubles and that
+        many blocks after it are fetched, never past the end of the tensor being read (each
+        file of a mount is one tensor: what lies beyond is another file).  A stream is
+        registered when its read starts, not when it ends.  Readers of one block at once are
+        not a stream (their reads start before where the others' end).  Returns how many
+        bytes the reader had read in a row before this read (0: a new reader)."""
         if span is not None:
             limit = (min(span[1], self.size) - 1) // self.block
         else:
             i = bisect.bisect_right(self._starts, end - 1) - 1
             if i < 0 or end > self._ends[i]:
-                return                  # not inside a tensor (a header): no read-ahead
+                return 0                # not inside a tensor (a header): no read-ahead
             limit = (self._ends[i] - 1) // self.block
         with self._lock:
             key = None
-            for known in self._streams:
-                if known <= offset <= known + self.block and (key is None or known > key):
+            for known, (_, run) in self._streams.items():
+                # a sequential reader's next read may come a little ahead of the one before
+                # it; a reader not yet sequential continues only where it ended (a random
+                # reader's read landing just after another's is not a run)
+                ahead = self.block if run > EXACT_RUN else 0
+                if known <= offset <= known + ahead and (key is None or known > key):
                     key = known
-            window = self._streams.pop(key) if key is not None else None
-            if window is not None:
+            window, run = self._streams.pop(key) if key is not None else (0, 0)
+            if run > EXACT_RUN:         # a sequential reader: its window doubles each read
                 window = min(self._max_ahead(), max(1, 2 * window))
-            else:
-                window = 0              # a new reader: read-ahead from its second read on
-            self._streams[end] = window
+            self._streams[end] = (window, run + end - offset)
             while len(self._streams) > STREAMS:
                 self._streams.popitem(last=False)
             if not window or self.closed:
-                return
+                return run
             todo = []
             for index in range(last + 1, min(limit + 1, last + 1 + window)):
                 if index in self._pending or self.memory.lookup((self.key, index)) is not None:
@@ -365,6 +454,7 @@ class BlockReader:
             for index in todo:                      # who wait with their own deadline
                 self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
                                     urgent=False, key=(id(self), limit))   # one per extent read
+        return run
 
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
@@ -381,7 +471,8 @@ class BlockReader:
         self.closed = True
         with self._lock:
             pending, self._pending = self._pending, {}
-        for future in pending.values():
+            pieces, self._pieces = self._pieces, {}
+        for future in [*pending.values(), *pieces.values()]:
             if not future.done():
                 future.set_exception(OSError("the mount is closing"))
 

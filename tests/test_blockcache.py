@@ -60,6 +60,7 @@ def _gets(nginx, mark) -> list[tuple[int, int]]:
 def test_concurrent_readers_of_one_block_make_one_request(server, tmp_path):
     nginx, local = server
     model, source, tensors = _open(nginx, tmp_path)
+    source.blocks.exact_reads = False   # in whole blocks (a sequential or disk-cached reader's)
     data = local.read_bytes()
     try:
         big = tensors["big"]
@@ -133,8 +134,11 @@ def test_a_sequential_reader_gets_read_ahead_within_its_tensor(server, tmp_path)
             n = min(MiB, big.offset + big.nbytes - pos)
             assert source.read(pos, n) == data[pos:pos + n]
         gets = _gets(nginx, mark)
-        covered = sorted(gets)
-        # every byte once: no block fetched twice, none past the tensor's last block
+        # the first reads, before the reader is known to be sequential: their bytes alone
+        first = {(big.offset + k * MiB, big.offset + (k + 1) * MiB - 1) for k in range(2)}
+        assert first <= set(gets)
+        covered = sorted(set(gets) - first)
+        # then every byte once: no block fetched twice, none past the tensor's last block
         for (a, b), (c, _) in zip(covered, covered[1:]):
             assert b < c, covered
         last_block_end = ((big.offset + big.nbytes - 1) // (4 * MiB) + 1) * 4 * MiB - 1
@@ -275,7 +279,9 @@ def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(se
         source.start()                          # what the mounted daemon does
         big = tensors["big"]
         index = big.offset // block + 1         # a block wholly inside the tensor
+        source.blocks.exact_reads = False       # a block, not just the byte...
         source.read(index * block, 1)           # fetched and kept...
+        source.blocks.exact_reads = True
         held = source.blocks.memory.lookup((source.blocks.key, index))
         assert held is not None
         for pos in range(big.offset, big.offset + big.nbytes, MiB):
@@ -288,3 +294,50 @@ def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(se
         assert all(source.blocks.memory.lookup((source.blocks.key, i)) is None for i in inner)
     finally:
         model.close()
+
+
+def _fetched(nginx, mark) -> int:
+    return sum(r["bytes"] for r in nginx.wait_quiet(mark, quiet=0.2) if r["method"] == "GET")
+
+
+@pytest.mark.parametrize("piece", [MiB, 128 << 10], ids=["one-read", "kernel-sized-reads"])
+def test_random_readers_fetch_at_most_twice_what_they_ask_for(server, tmp_path, piece):
+    """1 MiB reads at random places (as one read, or as the kernel sends it: a run of
+    128 KiB reads): what is fetched stays within 2x what was read, every byte right."""
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    rng = np.random.default_rng(3)
+    try:
+        big = tensors["big"]
+        mark = nginx.log_mark()
+        asked = 0
+        for _ in range(8):          # a few: 4 MiB per read would not reach the whole tensor
+            at = big.offset + int(rng.integers(0, (big.nbytes - MiB) // 4096)) * 4096
+            for pos in range(at, at + MiB, piece):
+                assert source.read(pos, piece) == data[pos:pos + piece]
+                asked += piece
+        assert asked <= _fetched(nginx, mark) <= 2 * asked
+    finally:
+        model.close()
+
+
+def test_a_sequential_reader_still_makes_whole_block_requests(server, tmp_path):
+    """An mmap'd load's page faults in order (1 MiB at a time): after its first MiB the
+    reader is sequential, and the tensor is fetched in whole blocks, about once."""
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    try:
+        big = tensors["big"]
+        mark = nginx.log_mark()
+        for pos in range(big.offset, big.offset + big.nbytes, MiB):
+            n = min(MiB, big.offset + big.nbytes - pos)
+            assert source.read(pos, n) == data[pos:pos + n]
+        gets = [r for r in nginx.wait_quiet(mark, quiet=0.2) if r["method"] == "GET"]
+        whole = [r for r in gets if r["bytes"] == 4 * MiB]
+        assert len(whole) >= big.nbytes // (4 * MiB) - 1
+        assert sum(r["bytes"] for r in gets) <= big.nbytes + 2 * 4 * MiB
+    finally:
+        model.close()
+
