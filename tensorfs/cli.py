@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 from tensorfs import __version__
 from tensorfs.daemon import DaemonError
@@ -310,6 +311,7 @@ def mount_helper_main() -> int:
 
 
 def main(argv=None) -> int:
+    as_program = argv is None           # the process is this command: it may end it
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv = mount_helper_argv(argv) or argv
@@ -323,7 +325,10 @@ def main(argv=None) -> int:
             raise UsageError("a command is required: mount, unmount, inspect, list, hash, stats or diff "
                              "(see --help)")
         if args.command == "mount":
-            return cmd_mount(args)
+            code = cmd_mount(args)
+            if as_program and not args.foreground:
+                _exit_now(code)
+            return code
         if args.command in ("unmount", "umount"):
             return cmd_unmount(args)
         if args.command == "list":
@@ -352,6 +357,16 @@ def main(argv=None) -> int:
             raise
         _say_error(f"internal error: {type(error).__name__}: {error}")
         return 1
+
+
+def _exit_now(code: int) -> None:
+    """The mount command's end once the daemon serves: nothing of this process is needed
+    any more (the daemon has its own copy of everything), so the interpreter's teardown -
+    freeing the model's objects one by one, tens of ms - is skipped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager
@@ -464,13 +479,33 @@ def shown_source(source: str) -> str:
         return source.split("://", 1)[0] + "://…"
 
 
+def _load_fuse() -> None:
+    """Import the FUSE adapter and load libfuse, for the serving process to inherit; a
+    failure is left for that process to meet and say (``_serve``)."""
+    try:
+        from tensorfs import fuse3, fusefs  # noqa: F401
+
+        fuse3.libfuse()
+    except Exception:                   # noqa: BLE001 - said where it is met again
+        pass
+
+
 def cmd_mount(args) -> int:
     from tensorfs import daemon
+
+    inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
+    if "://" in args.model:
+        from tensorfs.transports import start_early
+
+        start_early(args.model)
+    # the daemon's FUSE modules and libfuse, loaded while the model is read (joined before
+    # the fork: no thread may be importing then)
+    fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
+    fuse_loaded.start()
     from tensorfs.cache import ByteLRU
     from tensorfs.loader import load_model
     from tensorfs.mounttree import build_mount
 
-    inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
     mountpoint = check_mountpoint(args.mountpoint, args.model)
     debug = getattr(args, "debug", False)
     log_fd = None
@@ -494,6 +529,8 @@ def cmd_mount(args) -> int:
 
     def serve(on_ready):
         _serve(mounted, mountpoint, st, options, on_ready)
+
+    fuse_loaded.join()
 
     if args.foreground:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,

@@ -79,10 +79,40 @@ HELPER_CALLS = {"get_exact": "_get_exact", "head": "_head", "listing": "_listing
                 "check_spec": "_check_spec"}
 
 
+_specs_made: list = []              # the stores this process named (store_spec), in order
+
+
 def serve_here() -> None:
-    """This process (the daemon, or a program that never forks) runs obstore itself."""
+    """This process (the daemon, or a program that never forks) runs obstore itself.  The
+    stores the headers were read through are made again here at once, in a thread: obstore's
+    runtime and a store (the system's CA certificates read) cost ~15-30 ms, which a mount's
+    first read would otherwise wait for; this overlaps them with the kernel mount."""
     global _direct
     _direct = True
+    if _specs_made:
+        specs = list(_specs_made)
+        threading.Thread(target=_make_stores, args=(specs,), name="tensorfs-stores",
+                         daemon=True).start()
+
+
+def _make_stores(specs: list) -> None:
+    for spec in specs:
+        try:
+            _store(spec)
+        except Exception:               # noqa: BLE001 - the first request says it
+            pass
+
+
+def start_helper() -> None:
+    """Start the helper now, if this process will need one, without waiting for it: its
+    interpreter and obstore start while this process imports and checks what it must (the
+    mount command calls this first thing for a URL)."""
+    global _helper
+    if _direct:
+        return
+    with _helper_lock:
+        if _helper is None or not _helper.alive:
+            _helper = _Helper()
 
 
 def _run(fn, *args, timeout: float, **kwargs):
@@ -197,6 +227,10 @@ def helper_main() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     serve_here()
+    try:
+        import obstore.store  # noqa: F401  (now: the first request should not wait for it)
+    except ImportError:
+        pass                        # said by the first request (missing_extra)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     lock = threading.Lock()
 
@@ -245,6 +279,8 @@ def store_spec(kind: str, first, **kwargs) -> tuple:
     spec = (kind, first, json.dumps({k: v for k, v in kwargs.items() if v is not None},
                                     sort_keys=True))
     _run(_check_spec, spec, timeout=30)
+    if spec not in _specs_made:
+        _specs_made.append(spec)
     return spec
 
 
