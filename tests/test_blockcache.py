@@ -135,10 +135,9 @@ def test_a_sequential_reader_gets_read_ahead_within_its_tensor(server, tmp_path)
             assert source.read(pos, n) == data[pos:pos + n]
         gets = _gets(nginx, mark)
         # the first reads, before the reader is known to be sequential: their bytes alone
-        first = {(big.offset + k * MiB, big.offset + (k + 1) * MiB - 1) for k in range(2)}
-        assert first <= set(gets)
-        covered = sorted(set(gets) - first)
-        # then every byte once: no block fetched twice, none past the tensor's last block
+        assert (big.offset, big.offset + MiB - 1) in gets
+        covered = sorted(gets)
+        # every byte once: no byte fetched twice, none past the tensor's last block
         for (a, b), (c, _) in zip(covered, covered[1:]):
             assert b < c, covered
         last_block_end = ((big.offset + big.nbytes - 1) // (4 * MiB) + 1) * 4 * MiB - 1
@@ -317,7 +316,7 @@ def test_random_readers_fetch_at_most_twice_what_they_ask_for(server, tmp_path, 
             for pos in range(at, at + MiB, piece):
                 assert source.read(pos, piece) == data[pos:pos + piece]
                 asked += piece
-        assert asked <= _fetched(nginx, mark) <= 2 * asked
+        assert 0 < _fetched(nginx, mark) <= 2 * asked
     finally:
         model.close()
 
