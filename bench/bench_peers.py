@@ -106,8 +106,9 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
         self.env = dict(os.environ, PYTHONPATH=str(REPO))
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)     # as installed: compiled modules
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "tensorfs")],
-                       stdout=subprocess.DEVNULL)
+        for tree in (REPO, *([Path(args.baseline)] if args.baseline else [])):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "tensorfs")],
+                           stdout=subprocess.DEVNULL)
         self.nginx = ListingNginx(self.work / "srv", workers=2).start()
         make_model(self.work / NAME, args.size_mib * MiB)
         self.url = self.nginx.put(f"files/{NAME}", self.work / NAME)
@@ -121,7 +122,7 @@ class Bench:
 
     # -- mounts ----------------------------------------------------------------------------
     def mount_command(self, system: str, mnt: Path) -> list[str]:
-        if system == "tensorfs":
+        if system.startswith("tensorfs"):
             return [sys.executable, "-m", "tensorfs", "mount", self.url, str(mnt)]
         mode = system.split()[-1]
         cache = self.work / f"rclone-cache{self.n}"
@@ -129,7 +130,7 @@ class Bench:
                 "--vfs-cache-mode", mode, "--cache-dir", str(cache), "--read-only", "--daemon"]
 
     def file_in(self, system: str, mnt: Path) -> Path:
-        return mnt / "files" / NAME if system == "tensorfs" else mnt / NAME
+        return mnt / "files" / NAME if system.startswith("tensorfs") else mnt / NAME
 
     @contextmanager
     def mounted(self, system: str):
@@ -139,8 +140,11 @@ class Bench:
         if self.args.drop_caches:
             subprocess.run(["sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches"], check=False)
         t0 = time.perf_counter()
-        done = subprocess.run(self.mount_command(system, mnt), env=self.env, capture_output=True,
-                              text=True)
+        env = self.env
+        if system == "tensorfs before":
+            env = dict(env, PYTHONPATH=self.args.baseline)
+        done = subprocess.run(self.mount_command(system, mnt), env=env, capture_output=True,
+                              text=True, cwd=self.work)     # not this tree: `-m` looks in "."
         if done.returncode:
             raise RuntimeError(f"{system} mount: {done.stderr.strip()}")
         path = self.file_in(system, mnt)
@@ -216,6 +220,8 @@ class Bench:
 
     def run(self) -> None:
         systems = ["tensorfs", "rclone off", "rclone full"]
+        if self.args.baseline:
+            systems.insert(1, "tensorfs before")
         for _ in range(self.args.repeat):
             self.curl_round()
             for system in systems:
@@ -249,6 +255,9 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--random", type=int, default=200, help="random 1 MiB reads")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also a tensorfs tree from DIR (git archive of another commit), "
+                             "interleaved: a before/after in the same run")
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the page cache before each mount (a fresh mount's files "
                              "start uncached anyway; this also drops nginx's copy)")
