@@ -492,19 +492,21 @@ def _load_fuse() -> None:
 
 def cmd_mount(args) -> int:
     from tensorfs import daemon
+    from tensorfs.transports import OBSTORE_SCHEMES, start_early
 
     inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
-    if "://" in args.model:
-        from tensorfs.transports import start_early
-
+    # A URL obstore reads, mounted in the background: the daemon reads the headers itself,
+    # right after the fork, so that no helper process has to start for them (obstore's
+    # runtime does not survive a fork: a process that forks reads through a helper); a
+    # refusal still comes back as its one line (daemon.run_background's ``refusals``).
+    in_daemon = not args.foreground and args.model.split("://", 1)[0].lower() in OBSTORE_SCHEMES
+    if "://" in args.model and not in_daemon:
         start_early(args.model)
     # the daemon's FUSE modules and libfuse, loaded while the model is read (joined before
     # the fork: no thread may be importing then)
     fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
     fuse_loaded.start()
     from tensorfs.cache import ByteLRU
-    from tensorfs.loader import load_model
-    from tensorfs.mounttree import build_mount
 
     mountpoint = check_mountpoint(args.mountpoint, args.model)
     debug = getattr(args, "debug", False)
@@ -512,22 +514,25 @@ def cmd_mount(args) -> int:
     if args.log is not None or not args.foreground:
         log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
     try:
-        with _no_gc_while_building():
-            cache = ByteLRU(args.cache_size)
-            model = load_model(args.model, _remote_settings(args, cache))
-            mounted = build_mount(model, cache, args.layout, args.views,
-                                  workers=args.workers)
-        st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
-        options = fuse_options(args, model.source)
+        cache = ByteLRU(args.cache_size)
+        settings = _remote_settings(args, cache)
+        if in_daemon:
+            fuse_options(args, args.model)      # a bad -o is said here (exit 2), not after the fork
+            loaded, info = None, {"source": shown_source(args.model)}
+        else:
+            loaded = _load(args, cache, settings)
+            info = {"source": shown_source(str(loaded[0].source)),
+                    "tensors": len(loaded[0].tensors)}
     except BaseException:
         if log_fd is not None:
             os.close(log_fd)
             if default_log:
                 os.unlink(log_path)      # nothing was logged: no mount was attempted
         raise
-    info = {"source": shown_source(str(model.source)), "tensors": len(model.tensors)}
 
     def serve(on_ready):
+        model, mounted, st, options = loaded or _load(args, cache, settings, in_daemon=True)
+        info.update(source=shown_source(str(model.source)), tensors=len(model.tensors))
         _serve(mounted, mountpoint, st, options, on_ready)
 
     fuse_loaded.join()
@@ -536,9 +541,28 @@ def cmd_mount(args) -> int:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,
                               debug=debug)
     else:
+        from tensorfs.errors import ModelError
+
         daemon.run_background(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
-                              default_log=default_log, inherited=inherited, debug=debug)
+                              default_log=default_log, inherited=inherited, debug=debug,
+                              refusals=(ModelError, UserError))
     return 0
+
+
+def _load(args, cache, settings, in_daemon: bool = False):
+    """(model, mounted tree, the parsed file's stat, FUSE options) of the mount."""
+    from tensorfs.loader import load_model
+    from tensorfs.mounttree import build_mount
+
+    if in_daemon:
+        from tensorfs.transports import objects
+
+        objects.serve_here()            # this process serves: obstore runs here, no helper
+    with _no_gc_while_building():
+        model = load_model(args.model, settings)
+        mounted = build_mount(model, cache, args.layout, args.views, workers=args.workers)
+    st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
+    return model, mounted, st, fuse_options(args, model.source)
 
 
 # -- unmount --------------------------------------------------------------------------------

@@ -336,8 +336,12 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
 
 
 def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd: int,
-                   default_log: bool, inherited: set[int], debug: bool) -> None:
-    """Fork the daemon; return once it serves, or raise ``DaemonError`` saying why not."""
+                   default_log: bool, inherited: set[int], debug: bool,
+                   refusals: tuple = ()) -> None:
+    """Fork the daemon; return once it serves, or raise ``DaemonError`` saying why not.
+    An exception of a class in ``refusals`` raised by ``serve`` before the mount is live
+    (the daemon read the model and refused it) is said as its own line, as it would have
+    been before the fork: nothing was mounted, and the default log goes."""
     ready_r, ready_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -346,11 +350,15 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
         os.close(err_r)
         _daemon(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
                 default_log=default_log, inherited=inherited, debug=debug,
-                ready_w=ready_w, err_w=err_w)
+                ready_w=ready_w, err_w=err_w, refusals=refusals)
     os.close(ready_w)
     os.close(err_w)
     try:
         message, stderr = _wait_ready(ready_r, err_r, pid)
+        if message.startswith("refused: "):
+            if default_log:
+                _remove(log_path, mine=False)
+            raise DaemonError(message.removeprefix("refused: "))
         if message != "ok":
             reason = _one_line(message.removeprefix("error: "), stderr, mountpoint)
             # the daemon never saw libfuse's words (they came here): the log gets them too
@@ -363,7 +371,7 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
 
 
 def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited, debug,
-            ready_w, err_w) -> None:
+            ready_w, err_w, refusals=()) -> None:
     """The child: never returns."""
     code = 1
     life = None
@@ -403,8 +411,9 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
             _remove(log_path, mine=False)
     except BaseException as error:
         if not (life is not None and life.ready):    # after "ok" the parent is gone
+            kind = "refused" if isinstance(error, refusals) else "error"
             try:
-                os.write(ready_w, f"error: {error}".encode("utf-8", "replace")[:4000])
+                os.write(ready_w, f"{kind}: {error}".encode("utf-8", "replace")[:4000])
             except OSError:
                 pass
     finally:
