@@ -63,11 +63,11 @@ NO_RETRIES = {"max_retries": 0}
 # -- where obstore runs ---------------------------------------------------------------------
 #
 # obstore's tokio runtime is one per process and its threads do not survive a fork: a process
-# that used it and forks leaves a child whose every request hangs.  The mount reads the
-# headers in the command's process, which then forks the daemon.  So until a process says it
-# serves (``serve_here``: the daemon after the fork, RemoteSource.start), obstore runs in a
-# helper process started fresh (``_Helper``), never in this one; the daemon
-# then makes its own runtime on its first request.  The helper is used for the headers only
+# that used it and forks leaves a child whose every request hangs.  So until a process says it
+# serves (``serve_here``: a background mount's daemon, which forks first and reads the headers
+# itself, cli.cmd_mount; RemoteSource.start), obstore runs in a helper process started fresh
+# (``_Helper``), never in this one: a foreground mount, inspect, hash.  The helper is used for
+# the headers only
 # (at most header + 1 MiB per file); the tensors' bytes are received in the daemon itself.
 
 _direct = False
