@@ -530,9 +530,13 @@ def cmd_mount(args) -> int:
                 os.unlink(log_path)      # nothing was logged: no mount was attempted
         raise
 
+    def prepare():                      # in the daemon: the model read there
+        nonlocal loaded
+        loaded = _load(args, cache, settings, in_daemon=True)
+        info.update(source=shown_source(str(loaded[0].source)), tensors=len(loaded[0].tensors))
+
     def serve(on_ready):
-        model, mounted, st, options = loaded or _load(args, cache, settings, in_daemon=True)
-        info.update(source=shown_source(str(model.source)), tensors=len(model.tensors))
+        _, mounted, st, options = loaded
         _serve(mounted, mountpoint, st, options, on_ready)
 
     fuse_loaded.join()
@@ -545,7 +549,8 @@ def cmd_mount(args) -> int:
 
         daemon.run_background(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
                               default_log=default_log, inherited=inherited, debug=debug,
-                              refusals=(ModelError, UserError))
+                              refusals=(ModelError, UserError),
+                              prepare=prepare if in_daemon else None)
     return 0
 
 

@@ -36,6 +36,7 @@ log = logging.getLogger("tensorfs")
 READY_TIMEOUT_S = 60
 UNMOUNT_WAIT_S = 30
 STDERR_LIMIT = 16 << 10          # what is kept of libfuse's / fusermount's words
+LOADED = b"loaded\n"             # on the ready pipe: prepare() is done
 
 
 class DaemonError(Exception):
@@ -337,11 +338,13 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
 
 def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd: int,
                    default_log: bool, inherited: set[int], debug: bool,
-                   refusals: tuple = ()) -> None:
+                   refusals: tuple = (), prepare=None) -> None:
     """Fork the daemon; return once it serves, or raise ``DaemonError`` saying why not.
     An exception of a class in ``refusals`` raised by ``serve`` before the mount is live
     (the daemon read the model and refused it) is said as its own line, as it would have
-    been before the fork: nothing was mounted, and the default log goes."""
+    been before the fork: nothing was mounted, and the default log goes.  ``prepare``, if
+    given, runs in the daemon first (reading the model): it has its own time limits, so the
+    wait for the mount to come up starts once it is done."""
     ready_r, ready_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -350,11 +353,11 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
         os.close(err_r)
         _daemon(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
                 default_log=default_log, inherited=inherited, debug=debug,
-                ready_w=ready_w, err_w=err_w, refusals=refusals)
+                ready_w=ready_w, err_w=err_w, refusals=refusals, prepare=prepare)
     os.close(ready_w)
     os.close(err_w)
     try:
-        message, stderr = _wait_ready(ready_r, err_r, pid)
+        message, stderr = _wait_ready(ready_r, err_r, pid, preparing=prepare is not None)
         if message.startswith("refused: "):
             if default_log:
                 _remove(log_path, mine=False)
@@ -371,7 +374,7 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
 
 
 def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited, debug,
-            ready_w, err_w, refusals=()) -> None:
+            ready_w, err_w, refusals=(), prepare=None) -> None:
     """The child: never returns."""
     code = 1
     life = None
@@ -404,6 +407,13 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
             os.dup2(devnull, 2)        # the parent is gone soon: nobody reads the pipe
 
         life.start()
+        if prepare is not None:
+            try:
+                prepare()
+            except BaseException:
+                _remove(os.path.join(runtime.runtime_dir(), life.pid_name))
+                raise
+            os.write(ready_w, LOADED)
         clean = life.run(serve, on_ready)
         code = 0
         if clean and default_log:
@@ -420,10 +430,10 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
         os._exit(code)
 
 
-def _wait_ready(ready_fd: int, err_fd: int, pid: int) -> tuple[str, bytes]:
+def _wait_ready(ready_fd: int, err_fd: int, pid: int, preparing: bool = False) -> tuple[str, bytes]:
     """What the daemon said on the ready pipe ("ok", "error: …", "" if it died), and what
     it wrote to stderr while mounting."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = float("inf") if preparing else time.monotonic() + READY_TIMEOUT_S
     said, stderr = b"", b""
     open_fds = [ready_fd, err_fd]
     done = False
@@ -441,6 +451,9 @@ def _wait_ready(ready_fd: int, err_fd: int, pid: int) -> tuple[str, bytes]:
                 done = True
             else:
                 said += chunk
+                if said.startswith(LOADED):         # the model is read: now the mount
+                    said = said[len(LOADED):]
+                    deadline = time.monotonic() + READY_TIMEOUT_S
                 if said == b"ok":
                     done = True
     os.close(ready_fd)
