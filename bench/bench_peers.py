@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from tests.servers import Nginx  # noqa: E402
+from tests.servers import Nginx  # noqa: E402 - after the path is set
 
 MiB = 1 << 20
 NAME = "model.safetensors"
@@ -108,7 +108,7 @@ class Bench:
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)     # as installed: compiled modules
         for tree in (REPO, *([Path(args.baseline)] if args.baseline else [])):
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "tensorfs")],
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, check=False)
         self.nginx = ListingNginx(self.work / "srv", workers=2).start()
         make_model(self.work / NAME, args.size_mib * MiB)
         self.url = self.nginx.put(f"files/{NAME}", self.work / NAME)
@@ -144,7 +144,7 @@ class Bench:
         if system == "tensorfs before":
             env = dict(env, PYTHONPATH=self.args.baseline)
         done = subprocess.run(self.mount_command(system, mnt), env=env, capture_output=True,
-                              text=True, cwd=self.work)     # not this tree: `-m` looks in "."
+                              text=True, cwd=self.work, check=False)     # not this tree: `-m` looks in "."
         if done.returncode:
             raise RuntimeError(f"{system} mount: {done.stderr.strip()}")
         path = self.file_in(system, mnt)
@@ -156,7 +156,7 @@ class Bench:
             yield path, first, daemon_of(mnt)
         finally:
             pid = daemon_of(mnt)
-            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, check=False)
             deadline = time.monotonic() + 10
             while pid and time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
                 with open(f"/proc/{pid}/stat", "rb") as f:
@@ -243,8 +243,9 @@ class Bench:
                 values = self.results.get((system, key))
                 cells.append(fmt.format(best(values)) if values else "")
             print(f"| {label} | {' | '.join(cells)} |")
-        rclone = subprocess.run(["rclone", "version"], capture_output=True, text=True).stdout
-        nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr
+        rclone = subprocess.run(["rclone", "version"], capture_output=True, text=True,
+                                check=False).stdout
+        nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr
         print(f"\nBest of {self.args.repeat}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"{rclone.splitlines()[0] if rclone else 'rclone ?'}, {nginx.strip()}, "
               f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end.")

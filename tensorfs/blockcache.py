@@ -317,7 +317,7 @@ class BlockReader:
             if self.closed:
                 raise OSError("the mount is closing")
             data = self.fetch(start, stop, deadline)
-        except BaseException as error:      # noqa: BLE001 - the reader gets it
+        except BaseException as error:      # the reader gets it
             with self._lock:
                 self._forget_piece(start, future)
             if not future.done():
@@ -346,7 +346,7 @@ class BlockReader:
     def _prune_pieces(self) -> None:
         """Forget the pieces the memory cache let go (lock held): the index stays bounded."""
         for start in list(self._piece_starts):
-            stop, future = self._pieces[start]
+            _, future = self._pieces[start]
             if future is None and not self.memory.peek((self.key, "piece", start)):
                 del self._pieces[start]
         self._piece_starts = sorted(self._pieces)

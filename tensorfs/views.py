@@ -25,7 +25,10 @@ import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable
+
+if TYPE_CHECKING:          # annotations only: numpy is imported where it is used
+    import numpy as np
 
 from tensorfs.cache import ByteLRU
 from tensorfs.source import ModelSource

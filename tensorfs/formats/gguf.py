@@ -50,7 +50,10 @@ from __future__ import annotations
 import math
 import struct
 from itertools import repeat
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:          # annotations only: numpy is imported where it is used
+    import numpy as np
 
 from ..dtypes import GGML_TYPES, GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
 from ..errors import GGUFError
