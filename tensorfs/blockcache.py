@@ -312,6 +312,17 @@ class BlockReader:
         start, stop = lo * self.block, (hi + 1) * self.block
         return self._piece_at(start) is not None or self._next_piece(start) < min(stop, self.size)
 
+    def keep_piece(self, start: int, data: bytes) -> None:
+        """Bytes fetched already (the header the mount parsed), kept as a piece in the memory
+        cache: a read of them is not another request."""
+        if not self.exact_reads or not data:
+            return                      # with a disk cache, blocks are the unit
+        self.memory.put((self.key, "piece", start), data)
+        with self._lock:
+            if start not in self._pieces:
+                bisect.insort(self._piece_starts, start)
+            self._pieces[start] = (start + len(data), None)
+
     def _fetch_piece(self, start: int, stop: int, future: Future, deadline: float) -> None:
         try:
             if self.closed:

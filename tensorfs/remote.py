@@ -193,6 +193,7 @@ class RemoteSource:
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""
         self._parsing = False
+        self.blocks.keep_piece(0, bytes(self._head))     # the header is not fetched again
         self._head = bytearray()    # parsed: not kept per shard (reads go through the cache)
         self.blocks.set_extents(extents)
 
