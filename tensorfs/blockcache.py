@@ -11,9 +11,10 @@ block cache for tensors adds to a plain LRU of blocks:
   every block of that tensor, in one request, the first time (an ``.npy`` reader then finds
   the rest there);
 - **exact ranges for a random reader**: a read smaller than a block that does not continue
-  a run of more than ``EXACT_RUN`` bytes in sequence fetches just its bytes, kept nowhere (the
-  kernel's page cache keeps what FUSE served): a random reader (an mmap'd model's scattered
-  page faults, a 1 MiB read here and there) is sent what it asks for, not 4 MiB per read;
+  a run of more than ``EXACT_RUN`` bytes in sequence fetches just the stretches of it that
+  nothing holds, as *pieces* (kept in the LRU like blocks, and indexed by their start): a
+  random reader (an mmap'd model's scattered page faults, a 1 MiB read here and there) is
+  sent what it asks for, not 4 MiB per read, and no byte is fetched twice;
 - **growing read-ahead**: a reader whose reads follow each other (its next read starts where
   its last one ended) is a sequential reader once it has read ``EXACT_RUN`` bytes in a row
   and reads on:
