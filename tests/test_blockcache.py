@@ -344,15 +344,16 @@ def test_a_sequential_reader_still_makes_whole_block_requests(server, tmp_path):
 
 
 def test_the_header_the_mount_parsed_is_not_fetched_again(server, tmp_path):
-    """The first bytes of the file (what a reader of files/ or header.bin reads first) come
-    from the probe that read the header, not from another request."""
+    """The header (what a reader of files/ or header.bin reads first) comes from the probe
+    that read it at mount, not from another request."""
     nginx, local = server
     model, source, _ = _open(nginx, tmp_path)
     try:
         header = model.files[0].header_size
         mark = nginx.log_mark()
-        assert source.read(0, 4096) == local.read_bytes()[:4096]
-        assert source.read(header - 100, 100) == local.read_bytes()[header - 100:header]
+        assert source.read(0, header) == local.read_bytes()[:header]
         assert _gets(nginx, mark) == []
+        assert source.read(0, 4096) == local.read_bytes()[:4096]    # the rest: its bytes only
+        assert _gets(nginx, mark) == [(header, 4095)]
     finally:
         model.close()
