@@ -141,6 +141,9 @@ bench: test-venv
 	@# W4, W5: whole remote files through files/ (issue 24)
 	$(BIN)/python bench/bench_clients.py
 	$(BIN)/python bench/bench_facts.py
+	@# tensorfs beside rclone (Debian's package) and curl on one nginx (issue 31)
+	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone
+	$(BIN)/python bench/bench_peers.py
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two

@@ -59,6 +59,7 @@ def _gets(nginx, mark) -> list[tuple[int, int]]:
 def test_concurrent_readers_of_one_block_make_one_request(server, tmp_path):
     nginx, local = server
     model, source, tensors = _open(nginx, tmp_path)
+    source.blocks.exact_reads = False   # in whole blocks (a sequential or disk-cached reader's)
     data = local.read_bytes()
     try:
         big = tensors["big"]
@@ -132,8 +133,11 @@ def test_a_sequential_reader_gets_read_ahead_within_its_tensor(server, tmp_path)
             n = min(MiB, big.offset + big.nbytes - pos)
             assert source.read(pos, n) == data[pos:pos + n]
         gets = _gets(nginx, mark)
+        # the first read, before the reader is known to be sequential: its bytes alone (past
+        # what the mount's probe fetched of the file's start, kept)
+        assert any(b == big.offset + MiB - 1 and a >= big.offset for a, b in gets), gets
         covered = sorted(gets)
-        # every byte once: no block fetched twice, none past the tensor's last block
+        # every byte once: no byte fetched twice, none past the tensor's last block
         for (a, b), (c, _) in zip(covered, covered[1:]):
             assert b < c, covered
         last_block_end = ((big.offset + big.nbytes - 1) // (4 * MiB) + 1) * 4 * MiB - 1
@@ -274,7 +278,9 @@ def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(se
         source.start()                          # what the mounted daemon does
         big = tensors["big"]
         index = big.offset // block + 1         # a block wholly inside the tensor
+        source.blocks.exact_reads = False       # a block, not just the byte...
         source.read(index * block, 1)           # fetched and kept...
+        source.blocks.exact_reads = True
         held = source.blocks.memory.lookup((source.blocks.key, index))
         assert held is not None
         for pos in range(big.offset, big.offset + big.nbytes, MiB):
@@ -285,5 +291,68 @@ def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(se
         # served in full: no longer in memory (the kernel's page cache has them)
         inner = range(big.offset // block + 1, (big.offset + big.nbytes) // block)
         assert all(source.blocks.memory.lookup((source.blocks.key, i)) is None for i in inner)
+    finally:
+        model.close()
+
+
+def _fetched(nginx, mark) -> int:
+    return sum(r["bytes"] for r in nginx.wait_quiet(mark, quiet=0.2) if r["method"] == "GET")
+
+
+@pytest.mark.parametrize("piece", [MiB, 128 << 10], ids=["one-read", "kernel-sized-reads"])
+def test_random_readers_fetch_at_most_twice_what_they_ask_for(server, tmp_path, piece):
+    """1 MiB reads at random places (as one read, or as the kernel sends it: a run of
+    128 KiB reads): what is fetched stays within 2x what was read, every byte right."""
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    rng = np.random.default_rng(3)
+    try:
+        big = tensors["big"]
+        mark = nginx.log_mark()
+        asked = 0
+        for _ in range(8):          # a few: 4 MiB per read would not reach the whole tensor
+            at = big.offset + int(rng.integers(0, (big.nbytes - MiB) // 4096)) * 4096
+            for pos in range(at, at + MiB, piece):
+                assert source.read(pos, piece) == data[pos:pos + piece]
+                asked += piece
+        assert 0 < _fetched(nginx, mark) <= 2 * asked
+    finally:
+        model.close()
+
+
+def test_a_sequential_reader_still_makes_whole_block_requests(server, tmp_path):
+    """An mmap'd load's page faults in order (1 MiB at a time): after its first MiB the
+    reader is sequential, and the tensor is fetched in whole blocks, about once."""
+    nginx, local = server
+    model, source, tensors = _open(nginx, tmp_path)
+    data = local.read_bytes()
+    try:
+        big = tensors["big"]
+        mark = nginx.log_mark()
+        for pos in range(big.offset, big.offset + big.nbytes, MiB):
+            n = min(MiB, big.offset + big.nbytes - pos)
+            assert source.read(pos, n) == data[pos:pos + n]
+        gets = [r for r in nginx.wait_quiet(mark, quiet=0.2) if r["method"] == "GET"]
+        whole = [r for r in gets if r["bytes"] == 4 * MiB]
+        assert len(whole) >= big.nbytes // (4 * MiB) - 1
+        assert sum(r["bytes"] for r in gets) <= big.nbytes + 2 * 4 * MiB
+    finally:
+        model.close()
+
+
+
+def test_the_header_the_mount_parsed_is_not_fetched_again(server, tmp_path):
+    """The header (what a reader of files/ or header.bin reads first) comes from the probe
+    that read it at mount, not from another request."""
+    nginx, local = server
+    model, source, _ = _open(nginx, tmp_path)
+    try:
+        header = model.files[0].header_size
+        mark = nginx.log_mark()
+        assert source.read(0, header) == local.read_bytes()[:header]
+        assert _gets(nginx, mark) == []
+        assert source.read(0, 4096) == local.read_bytes()[:4096]    # the rest: its bytes only
+        assert _gets(nginx, mark) == [(header, 4095)]
     finally:
         model.close()

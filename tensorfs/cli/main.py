@@ -20,6 +20,7 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 
 from tensorfs import __version__
 from tensorfs.errors import ModelError, descriptor_limit_line, one_line_bounded, plural, printable
@@ -445,6 +446,7 @@ def mount_helper_main() -> int:
 
 
 def main(argv=None) -> int:
+    as_program = argv is None           # the process is this command: it may end it
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
         argv = mount_helper_argv(argv) or argv
@@ -463,7 +465,10 @@ def main(argv=None) -> int:
             raise UsageError("a command is required: mount, unmount, inspect, list, hash, stats or diff "
                              "(see --help)")
         if args.command == "mount":
-            return cmd_mount(args)
+            code = cmd_mount(args)
+            if as_program and not args.foreground:
+                _exit_now(code)
+            return code
         if args.command in ("unmount", "umount"):
             return cmd_unmount(args)
         if args.command == "list":
@@ -498,6 +503,16 @@ def main(argv=None) -> int:
         limit = descriptor_limit_line(error) if isinstance(error, OSError) else None
         _say_error(limit or f"internal error: {type(error).__name__}: {error}")
         return 1
+
+
+def _exit_now(code: int) -> None:
+    """The mount command's end once the daemon serves: nothing of this process is needed
+    any more (the daemon has its own copy of everything), so the interpreter's teardown -
+    freeing the model's objects one by one, tens of ms - is skipped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager
@@ -674,15 +689,40 @@ def _served_files(model) -> dict:
     return files
 
 
+def _load_fuse() -> None:
+    """Import the FUSE adapter and load libfuse, for the serving process to inherit; a
+    failure is left for that process to meet and say (``_serve``)."""
+    try:
+        from tensorfs.mount import adapter, fuse3  # noqa: F401 (loaded for the daemon)
+
+        fuse3.libfuse()
+    except Exception:                   # any exception: said where it is met again
+        pass
+
+
 def cmd_mount(args) -> int:
-    from tensorfs.budget import MemoryBudget
-    from tensorfs.loading.loader import load_model
     from tensorfs.mount import daemon
-    from tensorfs.mount.tree import build_mount
     from tensorfs.runtime import descriptor_of
+    from tensorfs.sources.transports import OBSTORE_SCHEMES, start_early
 
     inherited = daemon.inherited_descriptors()     # the caller's: the daemon closes them
     fuse_options(args, args.model)                  # a refused -o is a usage error: said first
+    # A URL obstore reads, mounted in the background: the daemon reads the headers itself,
+    # right after the fork, so that no helper process has to start for them (obstore's
+    # runtime does not survive a fork: a process that forks reads through a helper); a
+    # refusal still comes back as its one line (daemon.run_background's ``refusals``).  Not
+    # with --disk-cache or --edits: what they say at mount (a server without ETags, an edits
+    # directory refused) is said on the terminal by this process.
+    in_daemon = (not args.foreground and args.disk_cache is None and args.edits is None
+                 and args.model.split("://", 1)[0].lower() in OBSTORE_SCHEMES)
+    if "://" in args.model and not in_daemon:
+        start_early(args.model)
+    # the daemon's FUSE modules and libfuse, loaded while the model is read (joined before
+    # the fork: no thread may be importing then)
+    fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
+    fuse_loaded.start()
+    from tensorfs.budget import MemoryBudget
+
     mountpoint = check_mountpoint(args.mountpoint, args.model)
     inherited.discard(descriptor_of(mountpoint))   # /dev/fd/N: the mount itself, kept
     debug = getattr(args, "debug", False)
@@ -690,38 +730,71 @@ def cmd_mount(args) -> int:
     if args.log is not None or not args.foreground:
         log_path, log_fd, default_log = daemon.open_log(args.log, mountpoint)
     try:
-        with _no_gc_while_building():
-            budget = MemoryBudget(args.cache_size)     # --cache-size, split once (budget.py)
-            settings = _remote_settings(args, budget.cache)
-            model = load_model(args.model, settings)
-            for notice in settings.notices() if settings is not None else ():
-                _say("warning", notice)     # tensorfs.sources.remote: what the terminal must hear once
-            mounted = build_mount(model, budget, args.layout, args.views,
-                                  workers=args.workers)
-        st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
-        options = fuse_options(args, model.source)
-        editor = _editor(args, mounted)
-        if editor is not None:
-            options = dataclasses.replace(options, editable=True)
+        budget = MemoryBudget(args.cache_size)     # --cache-size, split once (budget.py)
+        settings = _remote_settings(args, budget.cache)
+        if in_daemon:
+            loaded, info = None, {"source": shown_source(args.model)}
+        else:
+            loaded = _load(args, budget, settings)
+            info = _mount_info(loaded[0])
     except BaseException:
+        fuse_loaded.join()
         if log_fd is not None:
             os.close(log_fd)
             if default_log:
                 os.unlink(log_path)      # nothing was logged: no mount was attempted
         raise
-    info = {"source": shown_source(str(model.source)), "tensors": len(model.tensors),
-            "files": _served_files(model)}
+
+    def prepare():                      # in the daemon: the model read there
+        nonlocal loaded
+        loaded = _load(args, budget, settings, in_daemon=True)
+        info.update(_mount_info(loaded[0]))
 
     def serve(on_ready):
+        _, mounted, st, options, editor = loaded
         _serve(mounted, mountpoint, st, options, on_ready, editor)
+
+    fuse_loaded.join()
 
     if args.foreground:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,
                               debug=debug)
     else:
+        from tensorfs.errors import ModelError
+
         daemon.run_background(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
-                              default_log=default_log, inherited=inherited, debug=debug)
+                              default_log=default_log, inherited=inherited, debug=debug,
+                              refusals=(ModelError, UserError),
+                              prepare=prepare if in_daemon else None)
     return 0
+
+
+def _mount_info(model) -> dict:
+    """What the mount's status file says of it (``tensorfs list``)."""
+    return {"source": shown_source(str(model.source)), "tensors": len(model.tensors),
+            "files": _served_files(model)}
+
+
+def _load(args, budget, settings, in_daemon: bool = False):
+    """(model, mounted tree, the parsed file's stat, FUSE options, editor) of the mount."""
+    from tensorfs.loading.loader import load_model
+    from tensorfs.mount.tree import build_mount
+
+    if in_daemon:
+        from tensorfs.sources.transports import objects
+
+        objects.serve_here()            # this process serves: obstore runs here, no helper
+    with _no_gc_while_building():
+        model = load_model(args.model, settings)
+        for notice in settings.notices() if settings is not None else ():
+            _say("warning", notice)     # tensorfs.sources.remote: what the terminal must hear once
+        mounted = build_mount(model, budget, args.layout, args.views, workers=args.workers)
+    st = mounted.sources[model.files[0].path].stat()     # the file parsed, not the path now
+    options = fuse_options(args, model.source)
+    editor = _editor(args, mounted)
+    if editor is not None:
+        options = dataclasses.replace(options, editable=True)
+    return model, mounted, st, options, editor
 
 
 # -- unmount --------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ READY_TIMEOUT_S = 60
 UNMOUNT_WAIT_S = float(os.environ.get("TENSORFS_UNMOUNT_WAIT_S", "30"))
 STOP_WAIT_S = 5.0
 STDERR_LIMIT = 16 << 10          # what is kept of libfuse's / fusermount's words
+LOADED = b"loaded\n"             # on the ready pipe: prepare() is done
 
 
 class DaemonError(Exception):
@@ -361,8 +362,14 @@ def run_foreground(serve, mountpoint: str, *, info: dict, log_path: str | None, 
 
 
 def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd: int,
-                   default_log: bool, inherited: set[int], debug: bool) -> None:
-    """Fork the daemon; return once it serves, or raise ``DaemonError`` saying why not."""
+                   default_log: bool, inherited: set[int], debug: bool,
+                   refusals: tuple = (), prepare=None) -> None:
+    """Fork the daemon; return once it serves, or raise ``DaemonError`` saying why not.
+    An exception of a class in ``refusals`` raised by ``serve`` before the mount is live
+    (the daemon read the model and refused it) is said as its own line, as it would have
+    been before the fork: nothing was mounted, and the default log goes.  ``prepare``, if
+    given, runs in the daemon first (reading the model): it has its own time limits, so the
+    wait for the mount to come up starts once it is done."""
     ready_r, ready_w = os.pipe()
     err_r, err_w = os.pipe()
     pid = os.fork()
@@ -371,11 +378,15 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
         os.close(err_r)
         _daemon(serve, mountpoint, info=info, log_path=log_path, log_fd=log_fd,
                 default_log=default_log, inherited=inherited, debug=debug,
-                ready_w=ready_w, err_w=err_w)
+                ready_w=ready_w, err_w=err_w, refusals=refusals, prepare=prepare)
     os.close(ready_w)
     os.close(err_w)
     try:
-        message, stderr = _wait_ready(ready_r, err_r, pid)
+        message, stderr = _wait_ready(ready_r, err_r, pid, preparing=prepare is not None)
+        if message.startswith("refused: "):
+            if default_log:
+                _remove(log_path, mine=False)
+            raise DaemonError(message.removeprefix("refused: "))
         if message != "ok":
             reason = _one_line(message.removeprefix("error: "), stderr, mountpoint)
             # the daemon never saw libfuse's words (they came here): the log gets them too
@@ -388,7 +399,7 @@ def run_background(serve, mountpoint: str, *, info: dict, log_path: str, log_fd:
 
 
 def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited, debug,
-            ready_w, err_w) -> None:
+            ready_w, err_w, refusals=(), prepare=None) -> None:
     """The child: never returns."""
     code = 1
     life = None
@@ -421,6 +432,13 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
             os.dup2(devnull, 2)        # the parent is gone soon: nobody reads the pipe
 
         life.start()
+        if prepare is not None:
+            try:
+                prepare()
+            except BaseException:
+                _remove(os.path.join(runtime.runtime_dir(), life.pid_name))
+                raise
+            os.write(ready_w, LOADED)
         clean = life.run(serve, on_ready)
         code = 0
         if clean and default_log:
@@ -428,18 +446,19 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
             _remove(log_path, mine=False)
     except BaseException as error:
         if not (life is not None and life.ready):    # after "ok" the parent is gone
+            kind = "refused" if isinstance(error, refusals) else "error"
             try:
-                os.write(ready_w, f"error: {error}".encode("utf-8", "replace")[:4000])
+                os.write(ready_w, f"{kind}: {error}".encode("utf-8", "replace")[:4000])
             except OSError:
                 pass
     finally:
         os._exit(code)
 
 
-def _wait_ready(ready_fd: int, err_fd: int, pid: int) -> tuple[str, bytes]:
+def _wait_ready(ready_fd: int, err_fd: int, pid: int, preparing: bool = False) -> tuple[str, bytes]:
     """What the daemon said on the ready pipe ("ok", "error: …", "" if it died), and what
     it wrote to stderr while mounting."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = float("inf") if preparing else time.monotonic() + READY_TIMEOUT_S
     said, stderr = b"", b""
     open_fds = [ready_fd, err_fd]
     done = False
@@ -457,6 +476,9 @@ def _wait_ready(ready_fd: int, err_fd: int, pid: int) -> tuple[str, bytes]:
                 done = True
             else:
                 said += chunk
+                if said.startswith(LOADED):         # the model is read: now the mount
+                    said = said[len(LOADED):]
+                    deadline = time.monotonic() + READY_TIMEOUT_S
                 if said == b"ok":
                     done = True
     os.close(ready_fd)

@@ -10,8 +10,15 @@ block cache for tensors adds to a plain LRU of blocks:
 - **a small tensor whole**: a read inside a tensor of at most ``SMALL_TENSOR`` bytes fetches
   every block of that tensor, in one request, the first time (an ``.npy`` reader then finds
   the rest there);
+- **exact ranges for a random reader**: a read smaller than a block that does not continue
+  a run of more than ``EXACT_RUN`` bytes in sequence fetches just the stretches of it that
+  nothing holds, as *pieces* (kept in the LRU like blocks, and indexed by their start): a
+  random reader (an mmap'd model's scattered page faults, a 1 MiB read here and there) is
+  sent what it asks for, not 4 MiB per read, and no byte is fetched twice;
 - **growing read-ahead**: a reader whose reads follow each other (its next read starts where
-  its last one ended) gets the blocks after it fetched ahead,
+  its last one ended) is a sequential reader once it has read ``EXACT_RUN`` bytes in a row
+  and reads on:
+  from then on it reads whole blocks and gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
   once (what a long round trip needs: docs/remote.md);
 - blocks kept in memory in the mount's one LRU (``--cache-size``), and with a
@@ -47,6 +54,13 @@ BLOCK_SIZE = 4 << 20
 MAX_REQUEST = 16 << 20          # bytes in one merged request
 SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at first read
 MAX_AHEAD = 16                  # blocks of read-ahead, at most
+# A reader is sequential once it has read more than this in a row; until then its reads
+# smaller than a block fetch just their bytes.  1 MiB: the kernel's largest read-ahead on a
+# mount (a random 1 MiB read arrives as one run of FUSE reads of up to that size) - so a
+# random reader's run never turns sequential.  A sequential one gets read-ahead from then on
+# and whole blocks from the first block after those it read in pieces: no byte twice.
+EXACT_RUN = 1 << 20
+MAX_PIECES = 4096               # pieces indexed per file before those let go are forgotten
 STREAMS = 16                    # sequential readers told apart per file
 # Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
 # (docs/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
@@ -162,6 +176,11 @@ class BlockReader:
         # so a block whose every byte was served is let go at once (see _served).
         self.page_cached = False
         self._served: dict[int, int] = {}   # block -> bytes of it served, while page_cached
+        self._pieces: dict[int, tuple[int, Future | None]] = {}     # exact ranges (below)
+        self._piece_starts: list[int] = []
+        # Reads in exact ranges: never with a disk cache, whose unit is the block (what is
+        # fetched is kept for the next mount, and a block is what the disk holds).
+        self.exact_reads = disk is None or not disk_key
         self.requests = 0               # how many fetches were made (tests, bench)
         self.fetched_bytes = 0
         self.closed = False
@@ -180,8 +199,16 @@ class BlockReader:
         if size <= 0:
             return 0
         first, last = offset // self.block, (offset + size - 1) // self.block
-        self._read_ahead(offset, offset + size, last, span)  # before waiting: all in flight at once
-        lo, hi = self._small_tensor(offset, first, last)
+        # before waiting: all in flight at once
+        exact = self._read_ahead(offset, offset + size, first, last, span)
+        lo, hi = self._small_tensor(offset, first, last, span)
+        if self.exact_reads:
+            if exact and size < self.block and (lo, hi) == (first, last):
+                return self._read_exact(offset, buf, deadline)
+            with self._lock:
+                held = self._has_pieces(lo, hi)
+            if held:                    # blocks partly held as pieces: the rest as pieces
+                return self._read_exact(offset, buf, deadline)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         out = memoryview(buf)
         pos = 0
@@ -200,6 +227,142 @@ class BlockReader:
             self._let_go(index)
         return pos
 
+    def _read_exact(self, offset: int, buf, deadline: float) -> int:
+        """A random reader's read: blocks and pieces already here (or on their way) serve
+        it, and each stretch of it that nothing holds is fetched as it is, one request per
+        stretch: a piece, kept in the memory cache (unless the kernel's page cache keeps
+        what FUSE served) so that no byte is fetched twice."""
+        end = offset + len(buf)
+        parts: list[list] = []      # [start, stop, bytes or Future or None (a gap), block index]
+        with self._lock:
+            pos = offset
+            while pos < end:
+                index = pos // self.block
+                data = self.memory.lookup((self.key, index))
+                if data is None:
+                    data = self._pending.get(index)
+                if data is not None:
+                    start = index * self.block
+                    parts.append([start, start + self._block_len(index), data, index])
+                    pos = start + self._block_len(index)
+                    continue
+                piece = self._piece_at(pos)
+                if piece is not None:
+                    parts.append([*piece, None])
+                    pos = piece[1]
+                    continue
+                stop = min(end, (index + 1) * self.block, self._next_piece(pos))
+                if parts and parts[-1][2] is None and parts[-1][1] == pos:
+                    parts[-1][1] = stop             # the stretch goes on: one request
+                else:
+                    parts.append([pos, stop, None, None])
+                pos = stop
+            todo = []
+            for part in parts:
+                if part[2] is None:
+                    part[2] = Future()
+                    bisect.insort(self._piece_starts, part[0])
+                    self._pieces[part[0]] = (part[1], part[2])
+                    todo.append((part[0], part[1], part[2]))
+        for start, stop, future in todo:
+            self.fetcher.submit(functools.partial(self._fetch_piece, start, stop, future, deadline),
+                                urgent=True)
+        out = memoryview(buf)
+        pos = offset
+        done = []
+        for start, stop, data, index in parts:
+            if isinstance(data, Future):
+                data = self._wait(data, deadline)
+            n = min(stop, end) - pos
+            with memoryview(data) as view:
+                out[pos - offset:pos - offset + n] = view[pos - start:pos - start + n]
+            pos += n
+            if index is not None and self.page_cached and self._served_all(index, n):
+                done.append(index)
+        del parts, data
+        for index in done:
+            self._let_go(index)
+        return pos - offset
+
+    # the pieces: starts sorted, start -> (stop, the Future while it is fetched, else None)
+    def _piece_at(self, pos: int):
+        """(start, stop, bytes or Future) of the piece holding byte ``pos``, or None
+        (called with the lock held)."""
+        i = bisect.bisect_right(self._piece_starts, pos) - 1
+        if i < 0:
+            return None
+        start = self._piece_starts[i]
+        stop, future = self._pieces[start]
+        if pos >= stop:
+            return None
+        if future is not None:
+            return start, stop, future
+        data = self.memory.lookup((self.key, "piece", start))
+        if data is None:                        # let go, or pushed out of the cache
+            del self._piece_starts[i], self._pieces[start]
+            return None
+        return start, stop, data
+
+    def _next_piece(self, pos: int) -> int:
+        i = bisect.bisect_right(self._piece_starts, pos)
+        return self._piece_starts[i] if i < len(self._piece_starts) else self.size
+
+    def _has_pieces(self, lo: int, hi: int) -> bool:
+        """Whether a piece holds any byte of blocks lo..hi (lock held): those blocks are
+        not fetched whole, their other bytes are fetched as pieces."""
+        start, stop = lo * self.block, (hi + 1) * self.block
+        return self._piece_at(start) is not None or self._next_piece(start) < min(stop, self.size)
+
+    def keep_piece(self, start: int, data: bytes) -> None:
+        """Bytes fetched already (the header the mount parsed), kept as a piece in the memory
+        cache: a read of them is not another request."""
+        if not self.exact_reads or not data:
+            return                      # with a disk cache, blocks are the unit
+        self.memory.put((self.key, "piece", start), data)
+        with self._lock:
+            if start not in self._pieces:
+                bisect.insort(self._piece_starts, start)
+            self._pieces[start] = (start + len(data), None)
+
+    def _fetch_piece(self, start: int, stop: int, future: Future, deadline: float) -> None:
+        try:
+            if self.closed:
+                raise OSError("the mount is closing")
+            data = self.fetch(start, stop, deadline)
+        except BaseException as error:      # the reader gets it
+            with self._lock:
+                self._forget_piece(start, future)
+            if not future.done():
+                future.set_exception(error)
+            return
+        keep = not self.page_cached         # else the kernel's page cache holds what is served
+        if keep:
+            self.memory.put((self.key, "piece", start), data)
+        with self._lock:
+            self.requests += 1
+            self.fetched_bytes += len(data)
+            if keep and self._pieces.get(start, (0, None))[1] is future:
+                self._pieces[start] = (stop, None)
+            else:
+                self._forget_piece(start, future)
+            if len(self._pieces) > MAX_PIECES:
+                self._prune_pieces()
+        if not future.done():
+            future.set_result(data)
+
+    def _forget_piece(self, start: int, future: Future) -> None:
+        if self._pieces.get(start, (0, None))[1] is future:
+            del self._pieces[start]
+            self._piece_starts.remove(start)
+
+    def _prune_pieces(self) -> None:
+        """Forget the pieces the memory cache let go (lock held): the index stays bounded."""
+        for start in list(self._piece_starts):
+            _, future = self._pieces[start]
+            if future is None and not self.memory.peek((self.key, "piece", start)):
+                del self._pieces[start]
+        self._piece_starts = sorted(self._pieces)
+
     def _served_all(self, index: int, n: int) -> bool:
         """Count ``n`` more bytes of block ``index`` served: True once it is all served."""
         with self._lock:
@@ -217,8 +380,14 @@ class BlockReader:
         holding it keeps it alive (it is never reused for other bytes)."""
         self.memory.pop((self.key, index))
 
-    def _small_tensor(self, offset: int, first: int, last: int) -> tuple[int, int]:
+    def _small_tensor(self, offset: int, first: int, last: int, span=None) -> tuple[int, int]:
+        """The blocks to fetch for a read of blocks first..last: all of a small tensor's
+        when the read is in one and reads that tensor (its own file, or a file that is
+        that one extent); a read through a whole model file (``files/``, an mmap'd GGUF's
+        page faults) is not a tensor's reader, and gets what it asks for."""
         i = bisect.bisect_right(self._starts, offset) - 1
+        if span is not None and (i < 0 or (self._starts[i], self._ends[i]) != tuple(span)):
+            return first, last
         if i >= 0 and offset < self._ends[i] and self._ends[i] - self._starts[i] <= SMALL_TENSOR:
             return (min(first, self._starts[i] // self.block),
                     max(last, (self._ends[i] - 1) // self.block))
@@ -324,39 +493,49 @@ class BlockReader:
         return min(self.block, self.size - index * self.block)
 
     # -- read-ahead ------------------------------------------------------------------------
-    def _read_ahead(self, offset: int, end: int, last: int, span=None) -> None:
-        """A read that starts where an earlier one ends (or up to a block further on: the
-        kernel's read-ahead sends a file's next reads together, and FUSE threads take them in
-        any order) continues that reader's stream: its window doubles and that many blocks
-        after it are fetched, never past the end of the tensor being read (each file of a
-        mount is one tensor: what lies beyond is another file).  A stream is registered when
-        its read starts, not when it ends.  Readers of one block at once are not a stream
-        (their reads start before where the others' end)."""
+    def _read_ahead(self, offset: int, end: int, first: int, last: int, span=None) -> bool:
+        """A read that starts where an earlier one ends (for a sequential reader, up to a
+        block further on: the kernel's read-ahead sends a file's next reads together, and
+        FUSE threads take them in any order) continues that reader's stream.  Once the
+        stream has read more than ``EXACT_RUN`` bytes in a row, its window doubles and that
+        many blocks after it are fetched, never past the end of the tensor being read (each
+        file of a mount is one tensor: what lies beyond is another file).  A stream is
+        registered when its read starts, not when it ends.  Readers of one block at once are
+        not a stream (their reads start before where the others' end).  Returns whether
+        the read is to be fetched in exact ranges: a random reader's, or a sequential one's
+        still in the blocks it began in exact ranges (a block of those fetched whole would
+        fetch their bytes again)."""
         if span is not None:
             limit = (min(span[1], self.size) - 1) // self.block
         else:
             i = bisect.bisect_right(self._starts, end - 1) - 1
             if i < 0 or end > self._ends[i]:
-                return                  # not inside a tensor (a header): no read-ahead
+                return True             # not inside a tensor (a header): no read-ahead
             limit = (self._ends[i] - 1) // self.block
         with self._lock:
             key = None
-            for known in self._streams:
-                if known <= offset <= known + self.block and (key is None or known > key):
+            for known, (_, run, _) in self._streams.items():
+                # a sequential reader's next read may come a little ahead of the one before
+                # it; a reader not yet sequential continues only where it ended (a random
+                # reader's read landing just after another's is not a run)
+                ahead = self.block if run > EXACT_RUN else 0
+                if known <= offset <= known + ahead and (key is None or known > key):
                     key = known
-            window = self._streams.pop(key) if key is not None else None
-            if window is not None:
+            window, run, exact_block = self._streams.pop(key) if key is not None else (0, 0, -1)
+            # exact ranges until the reader is sequential, and then until it leaves the
+            # blocks it read in exact ranges: none of its bytes is fetched twice
+            exact = run <= EXACT_RUN or first <= exact_block
+            if run > EXACT_RUN:         # a sequential reader: its window doubles each read
                 window = min(self._max_ahead(), max(1, 2 * window))
-            else:
-                window = 0              # a new reader: read-ahead from its second read on
-            self._streams[end] = window
+            self._streams[end] = (window, run + end - offset, last if exact else exact_block)
             while len(self._streams) > STREAMS:
                 self._streams.popitem(last=False)
             if not window or self.closed:
-                return
+                return exact
             todo = []
             for index in range(last + 1, min(limit + 1, last + 1 + window)):
-                if index in self._pending or self.memory.lookup((self.key, index)) is not None:
+                if index in self._pending or self.memory.lookup((self.key, index)) is not None \
+                        or (self.exact_reads and self._has_pieces(index, index)):
                     continue
                 self._pending[index] = Future()
                 todo.append(index)
@@ -365,6 +544,7 @@ class BlockReader:
             for index in todo:                      # who wait with their own deadline
                 self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
                                     urgent=False, key=(id(self), limit))   # one per extent read
+        return exact
 
     def _max_ahead(self) -> int:
         """No more read-ahead than a quarter of the memory cache holds: blocks fetched ahead
@@ -381,7 +561,9 @@ class BlockReader:
         self.closed = True
         with self._lock:
             pending, self._pending = self._pending, {}
-        for future in pending.values():
+            pieces = [future for _, future in self._pieces.values() if future is not None]
+            self._pieces, self._piece_starts = {}, []
+        for future in [*pending.values(), *pieces]:
             if not future.done():
                 future.set_exception(OSError("the mount is closing"))
 

@@ -225,6 +225,10 @@ class RemoteSource(Source):
     def end_parse(self, extents: list[tuple[int, int]]) -> None:
         """The parse is over: later reads go through the block cache."""
         self._parsing = False
+        # the header itself (what lies before the first tensor) is not fetched again; the
+        # rest of the probe's answer is not kept: shards by the thousand each have one
+        header = min((o for o, n in extents if n > 0), default=0)
+        self.blocks.keep_piece(0, bytes(self._head[:header]))
         self._head = bytearray()    # parsed: not kept per shard (reads go through the cache)
         self.blocks.set_extents(extents)
 

@@ -29,10 +29,10 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable
 
-import numpy as np
-from numpy.lib import format as npy_format
+if TYPE_CHECKING:          # annotations only: numpy is imported where it is used
+    import numpy as np
 
 from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
@@ -301,6 +301,10 @@ class GeneratedView(View):
 def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     """The .npy header numpy.save would write for a C-order array of this dtype and shape:
     format 1.0 unless the header needs 2.0, padded so the data starts on a 64-byte boundary."""
+    # numpy is imported at the first .npy looked at, not with this module: the mount command
+    # imports this module and returns before anyone reads, and numpy is 2/3 of its imports
+    from numpy.lib import format as npy_format
+
     header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
     buf = io.BytesIO()
     try:
@@ -475,6 +479,8 @@ class ConvertedView(View):
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
         start = first_block * self.conversion.block_bytes
         length = n_blocks * self.conversion.block_bytes
+        import numpy as np      # (see npy_header)
+
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
             raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
@@ -499,6 +505,8 @@ class ConvertedView(View):
                                       count * self.block_out, work=self.size)
             if chunk is not None:
                 return chunk
+        import numpy as np      # (see npy_header)
+
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
         return chunk
@@ -522,6 +530,8 @@ class ConvertedView(View):
             return 0
         end = offset + size
         if not self.conversion.costly:
+            import numpy as np      # (see npy_header)
+
             bo = self.block_out
             first = offset // bo
             last = (end + bo - 1) // bo

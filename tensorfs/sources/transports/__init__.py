@@ -38,3 +38,16 @@ def transport_for(url: str, settings):
     from tensorfs.sources.transports.generic import FsspecTransport
 
     return FsspecTransport(url, settings)
+
+
+OBSTORE_SCHEMES = ("http", "https", "hf", "s3", "gs", "az")
+
+
+def start_early(url: str) -> None:
+    """For a process that will fork (the mount command): start now, without waiting, what
+    reading ``url`` will need in this process: obstore's helper process, whose start then
+    overlaps with this one's imports and checks instead of following them."""
+    if url.split("://", 1)[0].lower() in OBSTORE_SCHEMES:
+        from tensorfs.transports import objects
+
+        objects.start_helper()

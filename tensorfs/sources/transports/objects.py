@@ -74,11 +74,11 @@ NO_RANGE = ("the server ignores Range requests (it answered the whole file, as p
 # -- where obstore runs ---------------------------------------------------------------------
 #
 # obstore's tokio runtime is one per process and its threads do not survive a fork: a process
-# that used it and forks leaves a child whose every request hangs.  The mount reads the
-# headers in the command's process, which then forks the daemon.  So until a process says it
-# serves (``serve_here``: the daemon after the fork, RemoteSource.start), obstore runs in a
-# helper process started fresh (``_Helper``), never in this one; the daemon
-# then makes its own runtime on its first request.  The helper is used for the headers only
+# that used it and forks leaves a child whose every request hangs.  So until a process says it
+# serves (``serve_here``: a background mount's daemon, which forks first and reads the headers
+# itself, cli.cmd_mount; RemoteSource.start), obstore runs in a helper process started fresh
+# (``_Helper``), never in this one: a foreground mount, inspect, hash.  The helper is used for
+# the headers only
 # (at most header + 1 MiB per file); the tensors' bytes are received in the daemon itself.
 
 _direct = False
@@ -90,10 +90,40 @@ HELPER_CALLS = {"get_exact": "_get_exact", "head": "_head", "listing": "_listing
                 "check_spec": "_check_spec"}
 
 
+_specs_made: list = []              # the stores this process named (store_spec), in order
+
+
 def serve_here() -> None:
-    """This process (the daemon, or a program that never forks) runs obstore itself."""
+    """This process (the daemon, or a program that never forks) runs obstore itself.  The
+    stores the headers were read through are made again here at once, in a thread: obstore's
+    runtime and a store (the system's CA certificates read) cost ~15-30 ms, which a mount's
+    first read would otherwise wait for; this overlaps them with the kernel mount."""
     global _direct
     _direct = True
+    if _specs_made:
+        specs = list(_specs_made)
+        threading.Thread(target=_make_stores, args=(specs,), name="tensorfs-stores",
+                         daemon=True).start()
+
+
+def _make_stores(specs: list) -> None:
+    for spec in specs:
+        try:
+            _store(spec)
+        except Exception:               # noqa: BLE001 - the first request says it
+            pass
+
+
+def start_helper() -> None:
+    """Start the helper now, if this process will need one, without waiting for it: its
+    interpreter and obstore start while this process imports and checks what it must (the
+    mount command calls this first thing for a URL)."""
+    global _helper
+    if _direct:
+        return
+    with _helper_lock:
+        if _helper is None or not _helper.alive:
+            _helper = _Helper()
 
 
 def _run(fn, *args, timeout: float, **kwargs):
@@ -202,6 +232,10 @@ def write_message(stream, message) -> None:
 def helper_main() -> None:
     """The helper's loop: each request in a thread of its own pool, answered when done."""
     serve_here()
+    try:
+        import obstore.store  # noqa: F401  (now: the first request should not wait for it)
+    except ImportError:
+        pass                        # said by the first request (missing_extra)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     lock = threading.Lock()
 
@@ -246,6 +280,8 @@ def store_spec(kind: str, first, **kwargs) -> tuple:
     spec = (kind, first, json.dumps({k: v for k, v in kwargs.items() if v is not None},
                                     sort_keys=True))
     _run(_check_spec, spec, timeout=30)
+    if spec not in _specs_made:
+        _specs_made.append(spec)
     return spec
 
 
