@@ -1,4 +1,4 @@
-"""Real clients on remote whole files (issue 24, SPEC §11): each figure a ratio against a
+"""Real clients on remote whole files (issue 24): each figure a ratio against a
 reference measured in the same run, against a real nginx on 127.0.0.1 started here
 (tests/support/servers.py).
 

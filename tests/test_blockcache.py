@@ -238,7 +238,7 @@ def test_a_disk_cache_others_control_is_refused(server, tmp_path, problem):
 
 def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
     """A GGUF whose vocabulary makes a header of megabytes: the loader's growing prefix
-    reads the header and at most 1 MiB past it (SPEC §8), in a few requests."""
+    reads the header and at most 1 MiB past it (docs/remote.md), in a few requests."""
     import gguf
 
     from tensorfs.loading.loader import load_model

@@ -1,4 +1,4 @@
-"""Faults under a live mount (issue 5; SPEC §5): the model file truncated, rewritten in place,
+"""Faults under a live mount (issue 5; docs/reliability.md): the model file truncated, rewritten in place,
 replaced by a rename or deleted while mounted, and sources on read-only and slow filesystems.
 
 What a user sees in each case is documented in docs/reliability.md; each test below is one
@@ -78,7 +78,7 @@ def live(tmp_path, mount, mixed):
 
 
 def test_truncated_model_fails_every_read(live):
-    """SPEC §5: a truncated model serves nothing, not even the bytes before the cut: a
+    """docs/reliability.md: a truncated model serves nothing, not even the bytes before the cut: a
     shrunk file cannot be told from one rewritten in place and then shrunk."""
     model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()

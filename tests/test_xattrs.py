@@ -1,4 +1,4 @@
-"""Extended attributes (SPEC §7): user.tensorfs.{dtype,shape,offset,shard} on every tensor
+"""Extended attributes (docs/shards-and-metadata.md): user.tensorfs.{dtype,shape,offset,shard} on every tensor
 file, read with os.getxattr / os.listxattr and getfattr, compared with the reference readers;
 nothing on directories and generated files."""
 

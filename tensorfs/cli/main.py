@@ -1,4 +1,4 @@
-"""The command line (SPEC §1): mount, unmount, inspect, list.
+"""The command line (docs/cli.md): mount, unmount, inspect, list.
 
 Errors are one line on stderr, ``tensorfs: error: …``, exit 1 for a bad model or a runtime
 failure and 2 for a usage error; a traceback only with ``--debug``.  The line is escaped as a
@@ -284,14 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="a JSON array of objects")
     listing.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
-    from tensorfs.cli.facts import add_commands  # hash, stats, diff (SPEC §12)
+    from tensorfs.cli.facts import add_commands  # hash, stats, diff (docs/facts.md)
 
     add_commands(sub, MODEL_HELP, DEBUG_HELP, _remote_options)
     return parser
 
 
 def _remote_options(parser) -> None:
-    """What a URL as MODEL takes (SPEC §8, docs/remote.md)."""
+    """What a URL as MODEL takes (docs/remote.md)."""
     parser.add_argument("--storage-option", dest="storage_options", action="append", default=[],
                         metavar="KEY=VALUE", type=parse_storage_option,
                         help="an fsspec storage option for a URL (repeatable); secrets belong "

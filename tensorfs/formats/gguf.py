@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import struct
 from itertools import repeat
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:          # annotations only: numpy is imported where it is used
     import numpy as np
@@ -221,7 +221,7 @@ _NUMPY_CODES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7
 
 
 def _f32_json(x: float):
-    import numpy as np      # here, not at the top: a safetensors mount never needs numpy
+    import numpy as np  # here, not at the top: a safetensors mount never needs numpy
 
     """A float32 as the shortest decimal that round-trips in float32; non-finite as text."""
     if not math.isfinite(x):
@@ -246,7 +246,7 @@ def _scalar_json(type_id: int, raw):
 
 
 def _f32_list(arr: np.ndarray) -> list:
-    import numpy as np      # (see _f32_json)
+    import numpy as np  # (see _f32_json)
 
     """float32 elements as shortest round-trip decimals.  Integers below 2**24 are their
     own shortest form (float32 spacing there is at most 1), so only the rest pays for
@@ -264,7 +264,7 @@ def _f32_list(arr: np.ndarray) -> list:
 
 
 def _numeric_list(buf, type_id: int, order: str, n: int, offset: int) -> list:
-    import numpy as np      # (see _f32_json)
+    import numpy as np  # (see _f32_json)
 
     arr = np.frombuffer(buf, dtype=np.dtype(order + _NUMPY_CODES[type_id]), count=n, offset=offset)
     if type_id == _BOOL:

@@ -1,5 +1,5 @@
 """What the user named -> the files of one model: a single file, a Hugging Face safetensors
-index, a split GGUF, or a directory holding exactly one of those (SPEC §6).
+index, a split GGUF, or a directory holding exactly one of those (docs/shards-and-metadata.md).
 
 Every shard is parsed and validated by ``tensorfs.sources.modelfile.parse_source``, like a single
 file; this module only checks that the shards make one model.  Every way a set of shards is

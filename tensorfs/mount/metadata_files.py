@@ -1,4 +1,4 @@
-"""The ``metadata/`` directory (SPEC §7): one file per metadata key, made on first use.
+"""The ``metadata/`` directory (docs/shards-and-metadata.md): one file per metadata key, made on first use.
 
 The user's version of these rules is docs/shards-and-metadata.md.
 

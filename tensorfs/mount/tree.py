@@ -287,7 +287,7 @@ def costly_bytes(model: Model) -> int:
 
 
 # What a mount serves (``--views``): each tensor's raw bytes, its .npy view, and files/ (the
-# model's own files, whole: SPEC §11).
+# model's own files, whole: docs/design.md).
 VIEWS = ("raw", "npy", "files")
 TENSOR_VIEWS = ("raw", "npy")
 

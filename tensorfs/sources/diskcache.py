@@ -1,4 +1,4 @@
-"""The disk cache of remote blocks (``--disk-cache DIR[:SIZE]``, SPEC §8, docs/remote.md).
+"""The disk cache of remote blocks (``--disk-cache DIR[:SIZE]``, docs/remote.md).
 
 DIR is the user's: it may hold anything else of theirs (a home directory, a project).  So the
 cache counts, serves and deletes only what it can prove it wrote, and never goes through a
@@ -107,7 +107,7 @@ class DiskCache:
     nothing; ``put`` keeps one, or silently does not (a full disk, a busy lock)."""
 
     def __init__(self, directory: str, max_bytes: int):
-        self.directory = os.path.abspath(directory)     # where the command ran (SPEC §8)
+        self.directory = os.path.abspath(directory)     # where the command ran (docs/remote.md)
         self.max_bytes = max_bytes
         self._limit = max_bytes - RESERVED
         self._target = self._limit - self._limit // 10

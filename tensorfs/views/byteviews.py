@@ -479,7 +479,7 @@ class ConvertedView(View):
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
         start = first_block * self.conversion.block_bytes
         length = n_blocks * self.conversion.block_bytes
-        import numpy as np      # (see npy_header)
+        import numpy as np  # (see npy_header)
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
@@ -505,7 +505,7 @@ class ConvertedView(View):
                                       count * self.block_out, work=self.size)
             if chunk is not None:
                 return chunk
-        import numpy as np      # (see npy_header)
+        import numpy as np  # (see npy_header)
 
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
@@ -530,7 +530,7 @@ class ConvertedView(View):
             return 0
         end = offset + size
         if not self.conversion.costly:
-            import numpy as np      # (see npy_header)
+            import numpy as np  # (see npy_header)
 
             bo = self.block_out
             first = offset // bo

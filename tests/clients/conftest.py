@@ -1,4 +1,4 @@
-"""Fixtures of the real-client tests (SPEC §11, issue 24): the tiny models of tests/support/tiny_models.py,
+"""Fixtures of the real-client tests (issue 24): the tiny models of tests/support/tiny_models.py,
 written once per session, served by a real nginx on 127.0.0.1 (plain HTTP and the Hugging Face
 Hub's layout, tests/support/servers.py), and ``model_mount(where, key)`` that mounts one of them through
 the real ``tensorfs`` command from a local path, an http:// URL or an hf:// repo."""

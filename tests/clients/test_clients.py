@@ -1,4 +1,4 @@
-"""Real programs load models from a mount's files/ (SPEC §11, issue 24): gguf-py's GGUFReader,
+"""Real programs load models from a mount's files/ (issue 24): gguf-py's GGUFReader,
 safetensors.safe_open, llama.cpp (llama-cpp-python) and transformers on CPU torch, each on a
 tiny model the tests write, mounted from a local path, over plain HTTP and from an hf:// repo
 (nginx on 127.0.0.1); the oracle is the same program on the local file."""

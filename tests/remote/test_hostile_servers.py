@@ -1,4 +1,4 @@
-"""Hostile and broken servers (SPEC §8, issue 21): every answer is bounded by what was asked
+"""Hostile and broken servers (issue 21): every answer is bounded by what was asked
 (at mount and on reads), every wait by --timeout, each bad answer is one error line; an
 https:// URL never goes to http://, a token never crosses to another origin, an S3 version
 named in the URL is the one mounted, ~/.netrc is read as docs/remote.md says.  The servers

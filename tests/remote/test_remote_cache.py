@@ -1,4 +1,4 @@
-"""--disk-cache (SPEC §8): a second mount of the same object version reads the blocks the
+"""--disk-cache (docs/remote.md): a second mount of the same object version reads the blocks the
 first fetched from disk (counted from nginx's access log: no block fetched twice), another
 version never sees them, and the directory stays within its size.
 

@@ -1,4 +1,4 @@
-"""Faults of remote models (SPEC §8): each refusal at mount is one line saying which; an
+"""Faults of remote models (docs/remote.md): each refusal at mount is one line saying which; an
 object replaced under a live mount gives EIO, never new bytes (or, where the version is
 addressable, the pinned version's bytes); a server that goes away or stalls gives EIO within
 ``--timeout`` with the daemon alive; dropped connections, 503 and 429 are retried (a fault

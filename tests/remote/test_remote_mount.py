@@ -1,4 +1,4 @@
-"""Remote models mounted through the real command (SPEC §8) over plain HTTP (nginx), the
+"""Remote models mounted through the real command (docs/remote.md) over plain HTTP (nginx), the
 Hugging Face Hub's layout (nginx behind HF_ENDPOINT) and S3 (moto), in every form: one file,
 a sharded index, a split GGUF's first shard, a repo or prefix as a directory.  Each mount's
 raw files and .npy views equal the reference readers' (safe_open, GGUFReader,

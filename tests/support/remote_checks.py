@@ -1,5 +1,5 @@
 """What the remote tests hold a mount to: the reference readers on the same bytes, and the
-local mount of the same files (SPEC §8: the tree, metadata.json, views and errors are those
+local mount of the same files (docs/remote.md: the tree, metadata.json, views and errors are those
 of the local file with the same bytes)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 MiB = 1 << 20
 HF_TOKEN = "hf_tensorfsTESTtoken0123456789"          # the gated repo's token: must leak nowhere
-# the keys a remote mount adds to metadata.json (SPEC §8)
+# the keys a remote mount adds to metadata.json
 REMOTE_KEYS = ("source",)
 SHARD_REMOTE_KEYS = ("version",)
 
@@ -144,7 +144,7 @@ def fetched(log: list[dict], path_part: str) -> int:
 
 
 def assert_mount_fetched_headers_only(log: list[dict], files: list[Path], prefix: str) -> None:
-    """Per file: at most its header + 1 MiB was sent while mounting (SPEC §8)."""
+    """Per file: at most its header + 1 MiB was sent while mounting (docs/remote.md)."""
     for path in files:
         sent = fetched(log, f"{prefix}{path.name}")
         assert sent <= header_size(path) + MiB, (path.name, sent, header_size(path))

@@ -1,4 +1,4 @@
-"""Transports: the requests that fetch a remote file's bytes (SPEC §8, docs/remote.md).
+"""Transports: the requests that fetch a remote file's bytes (docs/remote.md).
 
 One module per protocol family, each turning its library's failures into ``FetchError``:
 
@@ -48,6 +48,6 @@ def start_early(url: str) -> None:
     reading ``url`` will need in this process: obstore's helper process, whose start then
     overlaps with this one's imports and checks instead of following them."""
     if url.split("://", 1)[0].lower() in OBSTORE_SCHEMES:
-        from tensorfs.transports import objects
+        from tensorfs.sources.transports import objects
 
         objects.start_helper()

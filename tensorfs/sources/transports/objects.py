@@ -110,7 +110,7 @@ def _make_stores(specs: list) -> None:
     for spec in specs:
         try:
             _store(spec)
-        except Exception:               # noqa: BLE001 - the first request says it
+        except Exception:
             pass
 
 
