@@ -403,7 +403,8 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
     """The child: never returns."""
     code = 1
     life = None
-    try:
+    preparing = prepare is not None    # a refusal is said as such only while the model is read:
+    try:                               # a failed mount's words are libfuse's (stderr), below
         os.setsid()
         os.chdir("/")                  # not the caller's directory: it stays unmountable
         # nor its signal state: started under nohup, or from a shell that runs background
@@ -439,6 +440,7 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
                 _remove(os.path.join(runtime.runtime_dir(), life.pid_name))
                 raise
             os.write(ready_w, LOADED)
+        preparing = False
         clean = life.run(serve, on_ready)
         code = 0
         if clean and default_log:
@@ -446,7 +448,7 @@ def _daemon(serve, mountpoint, *, info, log_path, log_fd, default_log, inherited
             _remove(log_path, mine=False)
     except BaseException as error:
         if not (life is not None and life.ready):    # after "ok" the parent is gone
-            kind = "refused" if isinstance(error, refusals) else "error"
+            kind = "refused" if preparing and isinstance(error, refusals) else "error"
             try:
                 os.write(ready_w, f"{kind}: {error}".encode("utf-8", "replace")[:4000])
             except OSError:
