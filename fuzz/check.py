@@ -307,7 +307,7 @@ def check_names(names, *, seconds: float | None = 4 * TIME_LIMIT_S) -> dict:
     import os
     import tempfile
 
-    from tensorfs.cache import ByteLRU
+    from tensorfs.budget import MemoryBudget
     from tensorfs.cli.inspect import write_report
     from tensorfs.loading.loader import load_model
     from tensorfs.mount.metadata_json import metadata_json_pieces
@@ -332,7 +332,7 @@ def check_names(names, *, seconds: float | None = 4 * TIME_LIMIT_S) -> dict:
                         if len(doc["tensors"]) != len(set(names)):
                             raise Violation("metadata.json lost a tensor")
                         del paths, plans, text, doc
-                        mounted = build_mount(model, ByteLRU(1 << 20), layout)
+                        mounted = build_mount(model, MemoryBudget(1 << 20), layout)
                         _walk_tree(mounted.tree.root, DirNode)
                         del mounted
                     write_report(model, io.StringIO() if len(data) < 1 << 16 else _Sink())
