@@ -1,5 +1,5 @@
 """Work too long for one FUSE request (a whole tensor's sha256), done off the request
-threads (docs/reliability.md, "Long work off the request threads").
+threads (docs/reliability.md, "One request does work bounded by that request").
 
 A request never waits for it: it gets the result when it is ready, or ``NotReady`` (EAGAIN)
 at once, the work queued by that ask.  One thread per mount does the work, one job at a
