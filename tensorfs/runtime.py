@@ -111,10 +111,12 @@ def open_runtime_dir() -> tuple[str, int]:
     return path, fd
 
 
-def write_file(dir_fd: int, name: str, data: bytes) -> None:
+def write_file(dir_fd: int, name: str, data: bytes, durable: bool = False) -> None:
     """Replace ``name`` in the directory ``dir_fd`` with ``data``, whole or not at all:
     written to a fresh name (``O_EXCL | O_NOFOLLOW``, one per thread), renamed over.  A
-    failure (ENOSPC) leaves no temporary file behind."""
+    failure (ENOSPC) leaves no temporary file behind.  ``durable``: the file is fsynced
+    before the rename and the directory after it, so that a crash leaves the old or the
+    new bytes (the edit store's journal)."""
     tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=dir_fd)
@@ -123,6 +125,8 @@ def write_file(dir_fd: int, name: str, data: bytes) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -132,6 +136,11 @@ def write_file(dir_fd: int, name: str, data: bytes) -> None:
         except OSError:
             pass
         raise
+    if durable:
+        try:
+            os.fsync(dir_fd)
+        except OSError:
+            pass
 
 
 def read_file(path: str, limit: int = 1 << 16) -> bytes | None:

@@ -31,7 +31,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import open_private_dir, unsafe_directory
+from tensorfs.runtime import open_private_dir, unsafe_directory, write_file
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -304,26 +304,8 @@ class EditStore:
     # -- writing ---------------------------------------------------------------------------
     def _write(self, dir_fd: int, name: str, data) -> None:
         """Replace ``name`` with ``data``, whole or not at all: a fresh temporary name,
-        written, fsynced, renamed over; then the directory fsynced."""
-        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=dir_fd)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dir_fd)
-            except OSError:
-                pass
-            raise
-        _fsync_dir(dir_fd)
+        written, fsynced, renamed over; then the directory fsynced (runtime.write_file)."""
+        write_file(dir_fd, name, data, durable=True)
 
     def put_data(self, data) -> str:
         """Keep a tensor's new bytes; the name of their file (for ``TensorEdit.data``)."""
