@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from tensorfs.editing.store import TensorEdit
+from tests.support import mount_expecting_refusal
 from tests.support.commands import run_tensorfs
 from tests.support.processes import daemon_pid, wait_for
-from tests.support.users import needs_users
+from tests.support.users import needs_users, planted_link
 
 GV = gguf.GGUFValueType
 TEMPLATE = "{% for m in messages %}\n{{ m.content }}\n{% endfor %}"
@@ -192,10 +194,31 @@ _EDITS = st.lists(st.one_of(
 ), max_size=12)
 
 
+def _tensor_edit(state, store, op: str, target: str, arg, names: dict, data: dict, arrays: dict):
+    """One tensor edit of a random sequence -- ``rm``, ``mv`` to ``arg``, or the tensor
+    filled with ``arg`` -- applied to ``state`` and to what the composed file must then hold
+    (``names``: original -> current name or None, ``data``: original -> values); an edit of
+    a removed tensor, or a move onto a taken name, changes nothing."""
+    if names[target] is None:
+        return state
+    if op == "rm":
+        names[target] = None
+        return state.with_tensor(target, TensorEdit(None))
+    if op == "mv":
+        if arg in names.values():
+            return state
+        edit = state.tensors.get(target)
+        names[target] = arg
+        return state.with_tensor(target, TensorEdit(arg, edit.data if edit else None))
+    data[target] = np.full_like(arrays[target], arg)
+    return state.with_tensor(target, TensorEdit(names[target],
+                                                store.put_data(data[target].tobytes())))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=_EDITS)
 def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits):
-    from tensorfs.editing.store import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore
 
     work = tmp_path_factory.mktemp("random")
     kvs = {"k.a": (1, GV.UINT32), "k.b": ("b", GV.STRING),
@@ -216,21 +239,8 @@ def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits
             state = state.with_metadata(target, None) if target in kvs \
                 else state.without_metadata(target)
             expected_kvs.pop(target, None)
-        elif names[target] is None:
-            continue
-        elif op == "rm":
-            state = state.with_tensor(target, TensorEdit(None))
-            names[target] = None
-        elif op == "mv":
-            if arg in names.values():
-                continue
-            edit = state.tensors.get(target)
-            state = state.with_tensor(target, TensorEdit(arg, edit.data if edit else None))
-            names[target] = arg
         else:
-            data[target] = np.full_like(arrays[target], arg)
-            state = state.with_tensor(target, TensorEdit(names[target],
-                                                         store.put_data(data[target].tobytes())))
+            state = _tensor_edit(state, store, op, target, arg, names, data, arrays)
     # a key deleted then set again is a new key: appended after the model's own
     ordered = [k for k in kvs if k in expected_kvs and state.metadata.get(k, ...) is not None]
     ordered += [k for k in state.metadata if k not in kvs and k in expected_kvs]
@@ -732,7 +742,7 @@ _ST_EDITS = st.lists(st.one_of(
 def test_random_edit_sequences_compose_as_save_file_writes(tmp_path_factory, edits):
     """The composed safetensors file loads (safe_open) as the one save_file writes for the
     same tensors and metadata."""
-    from tensorfs.editing.store import EditState, EditStore, TensorEdit
+    from tensorfs.editing.store import EditState, EditStore
 
     work = tmp_path_factory.mktemp("st")
     arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
@@ -752,21 +762,8 @@ def test_random_edit_sequences_compose_as_save_file_writes(tmp_path_factory, edi
             state = state.with_metadata(target, None) if target in metadata \
                 else state.without_metadata(target)
             expected_meta.pop(target, None)
-        elif names[target] is None:
-            continue
-        elif op == "rm":
-            state = state.with_tensor(target, TensorEdit(None))
-            names[target] = None
-        elif op == "mv":
-            if arg in names.values():
-                continue
-            edit = state.tensors.get(target)
-            state = state.with_tensor(target, TensorEdit(arg, edit.data if edit else None))
-            names[target] = arg
         else:
-            data[target] = np.full_like(arrays[target], arg)
-            state = state.with_tensor(target, TensorEdit(names[target],
-                                                         store.put_data(data[target].tobytes())))
+            state = _tensor_edit(state, store, op, target, arg, names, data, arrays)
     composed = work / "composed.safetensors"
     composed.write_bytes(_compose(work / "m.safetensors", state, store))
     reference = work / "reference.safetensors"
@@ -783,18 +780,10 @@ def test_a_link_another_user_planted_on_the_way_to_the_edits_dir_is_never_follow
     directory: refused in one line naming the link, as the disk cache's DIR is; nothing is
     created in the directory it points to."""
     _, attacker = users
-    base = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
-    try:
-        base.chmod(0o1777)
-        theirs = base / "theirs"
-        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
-        link = base / "link"
-        assert attacker.run("ln", "-s", theirs, link).returncode == 0
+    with planted_link(attacker) as (theirs, link):
         mnt = tmp_path / "m"
         mnt.mkdir()
-        result = run_tensorfs("mount", llama_model, mnt, "--edits", link / "sub")
+        result, mounted = mount_expecting_refusal(llama_model, mnt, "--edits", link / "sub")
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
         assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
-        assert os.listdir(theirs) == []
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+        assert not mounted and os.listdir(theirs) == []

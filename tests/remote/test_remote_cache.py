@@ -13,17 +13,16 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import TENSORFS, fuse_mounts_under, run_tensorfs
+from tests.support import TENSORFS, fuse_mounts_under, mount_expecting_refusal, run_tensorfs
 from tests.support.reliability_models import wait_for
 from tests.support.remote_checks import MiB, assert_matches_reference, doc_of, header_size
 from tests.support.servers import HubRepo, parse_range
-from tests.support.users import needs_users
+from tests.support.users import needs_users, planted_link
 
 ROOT = "tensorfs-blocks.v1"             # the cache's own directory in DIR
 
@@ -187,52 +186,16 @@ def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, ngi
     documents before the victim's mount.  Refused in one line; the victim's files as they
     were, nothing added."""
     _, attacker = users
-    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
-    try:
-        shared.chmod(0o1777)
-        documents = tmp_path / "documents"
-        documents.mkdir(mode=0o700)
-        files = _user_files(documents)
-        before = _snapshot(files), sorted(os.listdir(documents))
-        planted = shared / "cache"
-        assert attacker.run("ln", "-s", documents, planted).returncode == 0
-        assert planted.is_symlink() and planted.lstat().st_uid == attacker.uid
+    with planted_link(attacker) as (theirs, link):
         mnt = tmp_path / "mnt"
         mnt.mkdir()
-        result = run_tensorfs("mount", f"{nginx.url}/files/big/big.safetensors", mnt,
-                              "--disk-cache", f"{planted}:5M", env=remote_env)
-        assert result.returncode == 1, result.stderr
-        assert len(result.stderr.splitlines()) == 1 and str(planted) in result.stderr
-        assert "symbolic link" in result.stderr
-        assert fuse_mounts_under(mnt) == []
-        assert (_snapshot(files), sorted(os.listdir(documents))) == before
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
-
-
-@needs_users
-def test_a_disk_cache_below_another_users_link_is_refused(users, nginx, remote_env, tmp_path):
-    """``--disk-cache /shared/link/sub`` where another user's ``link`` points into a
-    directory of theirs: the mount is refused in one line naming the link, and nothing is
-    created where it points (the parent chain, not only DIR's last component)."""
-    _, attacker = users
-    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
-    try:
-        shared.chmod(0o1777)
-        theirs = shared / "theirs"
-        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
-        link = shared / "link"
-        assert attacker.run("ln", "-s", theirs, link).returncode == 0
-        mnt = tmp_path / "mnt"
-        mnt.mkdir()
-        result = run_tensorfs("mount", f"{nginx.url}/files/big/big.safetensors", mnt,
-                              "--disk-cache", f"{link}/sub:5M", env=remote_env)
+        result, mounted = mount_expecting_refusal(
+            f"{nginx.url}/files/big/big.safetensors", mnt, "--disk-cache", f"{link}/sub:5M",
+            env=remote_env)
         assert result.returncode == 1, result.stderr
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
-        assert fuse_mounts_under(mnt) == [] and os.listdir(theirs) == []
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        assert not mounted and os.listdir(theirs) == []
 
 
 def test_a_block_changed_on_disk_is_fetched_again_and_logged(nginx, corpus, rmount, remote_env,

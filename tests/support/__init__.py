@@ -11,7 +11,7 @@ what tests imported from it before (``from tests.support import run_tensorfs`` s
 """
 
 from tests.support.commands import RUNTIME_DIR, TENSORFS, run_tensorfs, usage_error
-from tests.support.mounts import fuse_mounts_under, mounts_in
+from tests.support.mounts import fuse_mounts_under, mount_expecting_refusal, mounts_in
 from tests.support.processes import (
                                      EIO,
                                      alive,
@@ -23,6 +23,7 @@ from tests.support.processes import (
                                      waiting_on_fuse,
 )
 
-__all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mounts_in", "EIO",
+__all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mount_expecting_refusal",
+           "mounts_in", "EIO",
            "alive", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",
            "waiting_on_fuse"]

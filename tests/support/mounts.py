@@ -22,6 +22,17 @@ def fuse_mounts_under(path: Path) -> list[str]:
     return found
 
 
+def mount_expecting_refusal(model, mountpoint: Path, *options, **kwargs):
+    """``tensorfs mount MODEL MOUNTPOINT OPTIONS`` where the test expects a refusal:
+    (the command's result, whether anything got mounted).  Whatever got mounted all the same
+    is unmounted before returning, so that a test failing on it leaves no live mount."""
+    result = run_tensorfs("mount", model, mountpoint, *options, **kwargs)
+    mounted = fuse_mounts_under(mountpoint) != []
+    if mounted:
+        run_tensorfs("unmount", mountpoint)
+    return result, mounted
+
+
 def mounts_in(directory: Path, prefix: str = "mnt", base_env: dict | None = None):
     """A generator for a fixture: yields mount(model, *options, env=None, name=None) ->
     mount point under ``directory``, mounted by the real command (``base_env`` updated by

@@ -5,6 +5,7 @@ defined once so that every module shares them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -121,3 +122,21 @@ def make_users():
             subprocess.run(["userdel", name], capture_output=True)
         for path in _KEEP:
             os.rmdir(path)
+
+
+@contextlib.contextmanager
+def planted_link(attacker: User):
+    """A shared directory every user may write, sticky as /tmp, holding ``theirs`` (a 0777
+    directory of ``attacker``'s) and ``link`` (the attacker's symbolic link to it): yields
+    (theirs, link), all removed afterwards.  A directory named below ``link`` is one the
+    attacker can point anywhere."""
+    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+    try:
+        shared.chmod(0o1777)
+        theirs = shared / "theirs"
+        assert attacker.run("mkdir", "-m", "777", theirs).returncode == 0
+        link = shared / "link"
+        assert attacker.run("ln", "-s", theirs, link).returncode == 0
+        yield theirs, link
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
