@@ -443,6 +443,32 @@ def open_private_dir(directory: str, euid: int, refused) -> int:
         raise
 
 
+def open_private_subdir(dir_fd: int, name: str, euid: int, refused, shown: str) -> int:
+    """``name`` in the directory ``dir_fd`` (one ``open_private_dir`` gave): made 0700 if
+    missing, opened without following a link and checked through its descriptor
+    (``unsafe_directory``): the own directory of a store kept in DIR (the disk cache's, the
+    edit store's).  ``refused(shown, why)`` makes the exception raised."""
+    try:
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        raise refused(shown, f"cannot create it: {error.strerror}") from None
+    try:
+        fd = os.open(name, _OPEN_PRIVATE_DIR, dir_fd=dir_fd)
+    except OSError as error:
+        try:                            # a link or a file in its place: say which
+            why = unsafe_directory(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), euid)
+        except OSError:
+            why = None
+        raise refused(shown, why or error.strerror) from None
+    why = unsafe_directory(os.fstat(fd), euid)
+    if why is not None:
+        os.close(fd)
+        raise refused(shown, why)
+    return fd
+
+
 def unsafe_ancestor(st: os.stat_result, euid: int) -> str | None:
     """Why a directory on the way to DIR lets someone else swap what DIR is, or None."""
     if not stat.S_ISDIR(st.st_mode):

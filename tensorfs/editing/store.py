@@ -31,7 +31,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import open_private_dir, unsafe_directory, write_file
+from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -40,8 +40,6 @@ JOURNAL = "edits.json"
 FORMAT = 1
 _DATA_NAME = re.compile(r"data-[0-9a-f]{32}\.bin")
 _TEMP_NAME = re.compile(r"\.(edits\.json|data-[0-9a-f]{32}\.bin)\.[0-9]+\.[0-9]+\.tmp")
-
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class EditsError(PermissionError):
@@ -228,20 +226,7 @@ class EditStore:
 
     def _open_root(self, dir_fd: int) -> int:
         path = self.root
-        try:
-            os.mkdir(ROOT, 0o700, dir_fd=dir_fd)
-        except FileExistsError:
-            pass
-        except OSError as error:
-            raise _refused(path, f"cannot create it: {error.strerror}") from None
-        try:
-            fd = os.open(ROOT, _OPEN_DIR, dir_fd=dir_fd)
-        except OSError as error:
-            raise _refused(path, error.strerror) from None
-        why = unsafe_directory(os.fstat(fd), self._euid)
-        if why is not None:
-            os.close(fd)
-            raise _refused(path, why)
+        fd = open_private_subdir(dir_fd, ROOT, self._euid, _refused, path)
         marker = self._read(fd, MARKER, 4096)
         if marker is None:
             names = os.listdir(fd)

@@ -40,7 +40,7 @@ import struct
 import threading
 import time
 
-from tensorfs.runtime import open_private_dir, unsafe_directory, write_file
+from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
 
 log = logging.getLogger("tensorfs")
 
@@ -74,7 +74,6 @@ _MARKER_TEMP = re.compile(r"\." + MARKER + r"\.[0-9]+\.[0-9]+\.tmp")
 MARKER_TRIES = 200
 
 _OPEN_FILE = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
-_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class DiskCacheError(PermissionError):
@@ -448,24 +447,8 @@ def _open_root(dir_fd: int, directory: str, euid: int) -> int:
     if it is not a private directory of the user's holding the marker, unless it is empty
     (made by a mount that has not written the marker yet)."""
     path = os.path.join(directory, ROOT)
+    fd = open_private_subdir(dir_fd, ROOT, euid, _refused, path)
     try:
-        os.mkdir(ROOT, 0o700, dir_fd=dir_fd)
-    except FileExistsError:
-        pass
-    except OSError as error:
-        raise _refused(path, f"cannot create it: {error.strerror}") from None
-    try:
-        fd = os.open(ROOT, _OPEN_DIR, dir_fd=dir_fd)
-    except OSError as error:
-        try:
-            why = unsafe_directory(os.stat(ROOT, dir_fd=dir_fd, follow_symlinks=False), euid)
-        except OSError:
-            why = None
-        raise _refused(path, why or error.strerror) from None
-    try:
-        why = unsafe_directory(os.fstat(fd), euid)
-        if why is not None:
-            raise _refused(path, why)
         for _ in range(MARKER_TRIES):
             marker = _read_marker(fd, euid)
             if marker is not None:
