@@ -38,10 +38,7 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     stats.add_argument("model", metavar="MODEL", help=model_help)
     stats.add_argument("tensors", metavar="TENSOR", nargs="*",
                        help="only these tensors (by name)")
-    stats_form = stats.add_mutually_exclusive_group()
-    stats_form.add_argument("--json", action="store_true", help="one JSON document")
-    stats_form.add_argument("--tsv", action="store_true",
-                            help="tab-separated rows even on a terminal (the form on a pipe)")
+    _output_forms(stats)
     stats.add_argument("--plot", metavar="FILE",
                        help="also draw each tensor's absmax and std into FILE (a PNG; needs "
                        "tensorfs-fuse[plot])")
@@ -55,14 +52,19 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
         "A and B are each " + model_help + ".")
     diff.add_argument("a", metavar="A", help="the first model (the reference of nmse)")
     diff.add_argument("b", metavar="B", help="the second model")
-    diff_form = diff.add_mutually_exclusive_group()
-    diff_form.add_argument("--json", action="store_true", help="one JSON document")
-    diff_form.add_argument("--tsv", action="store_true",
-                           help="tab-separated rows even on a terminal (the form on a pipe)")
+    _output_forms(diff)
     diff.add_argument("--plot", metavar="FILE",
                       help="also draw the nmse of each tensor per layer into FILE (a PNG; "
                       "needs tensorfs-fuse[plot])")
     _common(diff, debug_help, remote_options)
+
+
+def _output_forms(parser) -> None:
+    """--json or --tsv (one of them): stats' and diff's forms of the table."""
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="one JSON document")
+    form.add_argument("--tsv", action="store_true",
+                      help="tab-separated rows even on a terminal (the form on a pipe)")
 
 
 def _common(parser, debug_help: str, remote_options) -> None:

@@ -6,6 +6,7 @@ proxy in front of nginx, sequences drawn by hypothesis)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -317,7 +318,12 @@ def test_a_stall_ends_in_eio_within_the_timeout_and_other_reads_go_on(nginx, pro
     assert alive(daemon_pid(mnt))
 
 
-def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env, tmp_path):
+@contextlib.contextmanager
+def _a_read_hanging_on_the_server(proxy, nginx, remote_env, tmp_path):
+    """A mount through a proxy that stalls every answer (--timeout 120), and a reader whose
+    read waits on it: yields (daemon pid, stop), where ``stop()`` waits for the daemon to
+    be gone and the read to have ended with an error, far below the timeout.  The proxy
+    stops and the mount goes whatever the test did."""
     p = proxy(nginx.port)
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -329,24 +335,33 @@ def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors,
     outcome = []
     reader = threading.Thread(target=lambda: outcome.append(read_errno(mnt / "t02/w")))
     reader.start()
-    deadline = time.monotonic() + 10
-    while not any(f == "stall" for *_, f in p.log) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        assert any(f == "stall" for *_, f in p.log)
-        result = run_tensorfs("unmount", "--lazy", mnt, env=remote_env, timeout=60)
-        assert result.returncode == 0, result.stderr
+
+    def stopped() -> None:
         deadline = time.monotonic() + 15           # far below the 120 s the request may hang
         while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not alive(pid)
         reader.join(30)
         assert not reader.is_alive() and outcome and isinstance(outcome[0], int), outcome
+
+    try:
+        deadline = time.monotonic() + 10
+        while not any(f == "stall" for *_, f in p.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(f == "stall" for *_, f in p.log)
+        yield pid, mnt, stopped
     finally:
         p.clear()
         p.stop()
         if fuse_mounts_under(tmp_path):
-            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
+            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True, check=False)
+
+
+def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env, tmp_path):
+    with _a_read_hanging_on_the_server(proxy, nginx, remote_env, tmp_path) as (_, mnt, stopped):
+        result = run_tensorfs("unmount", "--lazy", mnt, env=remote_env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        stopped()
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
@@ -357,31 +372,6 @@ def test_a_signal_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors
     the wait's bound, far below the timeout."""
     import signal
 
-    p = proxy(nginx.port)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    result = run_tensorfs("mount", f"{p.url}/files/many/many.safetensors", mnt, "--timeout", "120",
-                          env=remote_env)
-    assert result.returncode == 0, result.stderr
-    pid = daemon_pid(mnt)
-    p.push(*["stall"] * 50)
-    outcome = []
-    reader = threading.Thread(target=lambda: outcome.append(read_errno(mnt / "t02/w")))
-    reader.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not any(f == "stall" for *_, f in p.log) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert any(f == "stall" for *_, f in p.log)
+    with _a_read_hanging_on_the_server(proxy, nginx, remote_env, tmp_path) as (pid, _, stopped):
         os.kill(pid, getattr(signal, sig))
-        deadline = time.monotonic() + 15           # far below the 120 s the request may hang
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not alive(pid)
-        reader.join(30)
-        assert not reader.is_alive() and outcome and isinstance(outcome[0], int), outcome
-    finally:
-        p.clear()
-        p.stop()
-        if fuse_mounts_under(tmp_path):
-            subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True, check=False)
+        stopped()
