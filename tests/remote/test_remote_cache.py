@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -185,6 +186,35 @@ def test_a_disk_cache_dir_that_another_user_made_a_symlink_is_refused(users, ngi
     """A shared sticky directory (/tmp): another user plants DIR as a symlink to the victim's
     documents before the victim's mount.  Refused in one line; the victim's files as they
     were, nothing added."""
+    _, attacker = users
+    shared = Path(tempfile.mkdtemp(prefix="tensorfs-shared-"))
+    try:
+        shared.chmod(0o1777)
+        documents = tmp_path / "documents"
+        documents.mkdir(mode=0o700)
+        files = _user_files(documents)
+        before = _snapshot(files), sorted(os.listdir(documents))
+        planted = shared / "cache"
+        assert attacker.run("ln", "-s", documents, planted).returncode == 0
+        assert planted.is_symlink() and planted.lstat().st_uid == attacker.uid
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        result = run_tensorfs("mount", f"{nginx.url}/files/big/big.safetensors", mnt,
+                              "--disk-cache", f"{planted}:5M", env=remote_env)
+        assert result.returncode == 1, result.stderr
+        assert len(result.stderr.splitlines()) == 1 and str(planted) in result.stderr
+        assert "symbolic link" in result.stderr
+        assert fuse_mounts_under(mnt) == []
+        assert (_snapshot(files), sorted(os.listdir(documents))) == before
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@needs_users
+def test_a_disk_cache_below_another_users_link_is_refused(users, nginx, remote_env, tmp_path):
+    """``--disk-cache /shared/link/sub`` where another user's ``link`` points into a
+    directory of theirs: the mount is refused in one line naming the link, and nothing is
+    created where it points (the parent chain, not only DIR's last component)."""
     _, attacker = users
     with planted_link(attacker) as (theirs, link):
         mnt = tmp_path / "mnt"
