@@ -1,0 +1,248 @@
+"""A fleet on one origin fetch (docs/fleet.md): nodes mount one URL through a caching nginx
+(``slice``, ``proxy_cache``, ``proxy_cache_lock``: ``servers.CacheTier``, the config the page
+shows) in front of an origin nginx.  Four mounts reading the whole model at once get every
+byte right while the origin sends the file about once (its access log); a model replaced at
+the origin never mixes versions within one mount, nor within one answer of the tier."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support import EIO, alive, daemon_pid, mounts_in, read_errno
+from tests.support.remote_checks import MiB, doc_of, fetched, reference
+from tests.support.servers import (
+                                   CACHE_TIER_EXAMPLE,
+                                   CACHE_TIER_SITE,
+                                   CacheTier,
+                                   HubRepo,
+                                   Nginx,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "model.safetensors"
+PATH = f"files/fleet/{NAME}"
+SLICE = 4 * MiB                         # the tier's slice (CACHE_TIER_SITE)
+NODES = 4
+
+
+def write_model(path: Path, seed: int) -> Path:
+    """About 23 MiB in six tensors, big and small; every seed gives the same header (names,
+    dtypes, shapes, offsets), so two versions differ only in their tensors' bytes."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(seed)
+    save_file({"a.small": rng.standard_normal(7).astype(np.float32),
+               "b.big": rng.integers(0, 255, (9 << 20) + 1, dtype=np.uint8),
+               "c.f32": rng.standard_normal((1000, 2000)).astype(np.float32),
+               "d.tiny": np.arange(3, dtype=np.int16) + seed,
+               "e.f16": rng.standard_normal((2000, 1500)).astype(np.float16),
+               "f.i32": rng.integers(-9, 9, 1000, dtype=np.int32)}, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("fleet-models")
+    v1, v2 = write_model(d / "v1.safetensors", 1), write_model(d / "v2.safetensors", 2)
+    head = int.from_bytes(v1.read_bytes()[:8], "little") + 8
+    assert v1.read_bytes()[:head] == v2.read_bytes()[:head]
+    return v1, v2
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """servers(model) -> (origin, tier): an origin nginx serving ``model`` at /PATH and a
+    caching tier of this test's own in front of it; both stopped at the end."""
+    started = []
+
+    def _start(model: Path, repos=()) -> tuple[Nginx, CacheTier]:
+        origin = Nginx(tmp_path / "origin", list(repos))
+        origin.put(PATH, model)
+        started.append(origin.start())
+        tier = CacheTier(tmp_path / "tier", origin.port)
+        started.append(tier.start())
+        return origin, tier
+
+    yield _start
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture
+def node_env(tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "HUGGING_FACE_", "AWS_"))}
+    env.update({"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})
+    return env
+
+
+@pytest.fixture
+def node(tmp_path, node_env):
+    """node(url, *options, env=None) -> a mount point: one node's ``tensorfs mount``."""
+    yield from mounts_in(tmp_path, "node", node_env)
+
+
+def replace_at_origin(origin: Nginx, model: Path) -> None:
+    """Another version under the same URL: new bytes and mtime, so another ETag."""
+    origin.put(PATH, model)
+    later = time.time() + 100
+    os.utime(origin.www / PATH, (later, later))
+
+
+def read_node(mnt: Path, model: Path, ref: dict, tensors_first: bool) -> None:
+    """What one node's users do: cmp files/NAME with the model, and every tensor, raw and as
+    .npy, against the reference reader's."""
+    def whole_file():
+        done = subprocess.run(["cmp", str(mnt / "files" / NAME), str(model)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, (mnt, done.stdout, done.stderr)
+
+    def tensors():
+        doc = doc_of(mnt)
+        for name, (raw, values) in ref.items():
+            path = mnt / doc["tensors"][name]["path"]
+            assert path.read_bytes() == raw, (mnt, name)
+            assert np.array_equal(np.load(f"{path}.npy"), values), (mnt, name)
+
+    for step in ((tensors, whole_file) if tensors_first else (whole_file, tensors)):
+        step()
+
+
+def test_four_nodes_behind_the_tier_read_every_byte_with_one_origin_fetch(versions, servers,
+                                                                          node):
+    model = versions[0]
+    origin, tier = servers(model)
+    url = f"{tier.url}/{PATH}"
+    nodes = [node(url) for _ in range(NODES)]
+    ref = reference([model])
+    with ThreadPoolExecutor(NODES) as pool:
+        for done in [pool.submit(read_node, mnt, model, ref, i % 2 == 1)
+                     for i, mnt in enumerate(nodes)]:
+            done.result()
+    size = model.stat().st_size
+    sent = fetched(origin.wait_quiet(), f"/{PATH}")
+    assert sent <= 1.1 * size, (sent, size)
+    # and every node was served through the tier: each fetched every tensor byte at least once
+    data = size - (int.from_bytes(model.read_bytes()[:8], "little") + 8)
+    served = fetched(tier.wait_quiet(), f"/{PATH}")
+    assert served >= NODES * data, (served, NODES * data)
+
+
+def _read_chunks(path: Path, size: int, chunk: int = MiB) -> list[bytes | int]:
+    """The file read in order, ``chunk`` bytes at a time: each read's bytes or its errno."""
+    out = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset in range(0, size, chunk):
+            try:
+                out.append(os.pread(fd, chunk, offset))
+            except OSError as error:
+                out.append(error.errno)
+    finally:
+        os.close(fd)
+    return out
+
+
+def test_a_model_replaced_at_the_origin_never_mixes_versions_in_a_mount(versions, servers, node):
+    v1, v2 = versions
+    old = v1.read_bytes()
+    origin, tier = servers(v1)
+    url = f"{tier.url}/{PATH}"
+    before = node(url)                                  # pins version 1's ETag
+    status, _, body, _ = _get(tier.port, SLICE, SLICE + 99)      # the tier keeps slices 0, 1
+    assert (status, body) == (206, old[SLICE:SLICE + 100])
+    replace_at_origin(origin, v2)
+    after = node(url)          # opened after the change: the tier still holds version 1's head
+    ref1, ref2 = reference([v1]), reference([v2])
+    for mnt in (before, after):
+        chunks = _read_chunks(mnt / "files" / NAME, len(old))
+        assert chunks[0] == old[:MiB], mnt                        # the tier's version 1 slices
+        assert EIO in chunks, mnt           # version 1 is nowhere whole: some reads must fail
+        for i, got in enumerate(chunks):
+            assert got == EIO or got == old[i * MiB:(i + 1) * MiB], (mnt, i)   # never version 2
+        doc = doc_of(mnt)
+        for name, (raw, _) in ref1.items():
+            got = read_errno(mnt / doc["tensors"][name]["path"])
+            assert got == EIO or got == raw, (mnt, name)
+            assert got != ref2[name][0] or raw == ref2[name][0], (mnt, name)
+        assert alive(daemon_pid(mnt))
+    # the origin did change: a node that reads it directly gets version 2 whole
+    direct = node(f"{origin.url}/{PATH}")
+    assert subprocess.run(["cmp", str(direct / "files" / NAME), str(v2)]).returncode == 0
+
+
+def _get(port: int, first: int, last: int, **headers) -> tuple[int | str, dict, bytes, bool]:
+    """One ranged GET of PATH: (status, headers, body, whether the body came whole); a
+    connection closed before the answer's head gives the status 'closed'."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", f"/{PATH}", headers={"Range": f"bytes={first}-{last}",
+                                                 **{k.replace("_", "-"): v for k, v in headers.items()}})
+        try:
+            answer = conn.getresponse()
+        except (http.client.RemoteDisconnected, ConnectionError):
+            return "closed", {}, b"", False
+        try:
+            return answer.status, dict(answer.getheaders()), answer.read(), True
+        except http.client.IncompleteRead as cut:
+            return answer.status, dict(answer.getheaders()), cut.partial, False
+    finally:
+        conn.close()
+
+
+def test_the_tier_never_answers_one_range_from_two_versions(versions, servers):
+    """The slice module checks each slice's ETag against the first's: a range over a slice of
+    version 1 (cached) and one of version 2 (fetched now) is cut, never completed from both;
+    a slice of version 2 asked with If-Match of version 1 is refused (412), as tensorfs asks."""
+    v1, v2 = versions
+    old = v1.read_bytes()
+    origin, tier = servers(v1)
+    status, headers, body, whole = _get(tier.port, 0, 65535)
+    assert (status, body, whole) == (206, old[:65536], True)
+    etag1 = headers["ETag"]
+    replace_at_origin(origin, v2)
+    # slice 0: version 1 from the cache; slice 1: version 2 from the origin
+    status, headers, body, whole = _get(tier.port, SLICE - 1000, SLICE + 999)
+    assert not whole, (status, headers)
+    assert body == old[SLICE - 1000:SLICE - 1000 + len(body)]
+    assert "etag mismatch in slice response" in tier.error_log()
+    # slice 2, never fetched: version 2 now, refused to whoever pinned version 1
+    status, headers, body, whole = _get(tier.port, 2 * SLICE, 2 * SLICE + 99, If_Match=etag1)
+    assert status == 412, (status, headers)
+    # slice 0 again: still version 1, and served as such
+    status, headers, body, whole = _get(tier.port, 0, 99, If_Match=etag1)
+    assert (status, headers.get("ETag"), body) == (206, etag1, old[:100])
+
+
+def test_hf_through_the_tier_fetches_a_commit_once(versions, servers, node):
+    """HF_ENDPOINT at the tier: the API answers pass through it, a commit's files are cached
+    (two nodes, one origin fetch of the file)."""
+    model = versions[0]
+    repo = HubRepo("tfs/fleet")
+    sha = repo.commit({NAME: model})
+    origin, tier = servers(model, [repo])
+    env = {"HF_ENDPOINT": tier.url}
+    nodes = [node(f"hf://tfs/fleet/{NAME}", env=env) for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(subprocess.run, ["cmp", str(mnt / "files" / NAME), str(model)])
+                     for mnt in nodes]:
+            assert done.result().returncode == 0
+    sent = fetched(origin.wait_quiet(), f"/tfs/fleet/resolve/{sha}/{NAME}")
+    assert 0 < sent <= 1.1 * model.stat().st_size, sent
+
+
+def test_the_docs_show_the_config_the_tier_runs():
+    """docs/fleet.md's nginx block is CACHE_TIER_SITE with the page's example values."""
+    page = (ROOT / "docs" / "fleet.md").read_text()
+    blocks = re.findall(r"```nginx\n(.*?)```", page, re.S)
+    assert CACHE_TIER_SITE.format(**CACHE_TIER_EXAMPLE) in blocks
