@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import EIO, alive, daemon_pid, mounts_in, read_errno
+from tests.support import EIO, alive, daemon_pid, mounts_in, read_errno, wait_for
 from tests.support.remote_checks import MiB, doc_of, fetched, reference
 from tests.support.servers import (
                                    CACHE_TIER_EXAMPLE,
@@ -60,15 +60,16 @@ def versions(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def servers(tmp_path):
-    """servers(model) -> (origin, tier): an origin nginx serving ``model`` at /PATH and a
-    caching tier of this test's own in front of it; both stopped at the end."""
+    """servers(model, repos=(), **tier_options) -> (origin, tier): an origin nginx serving
+    ``model`` at /PATH (and ``repos``) and a caching tier of this test's own in front of it;
+    both stopped at the end."""
     started = []
 
-    def _start(model: Path, repos=()) -> tuple[Nginx, CacheTier]:
+    def _start(model: Path, repos=(), **tier_options) -> tuple[Nginx, CacheTier]:
         origin = Nginx(tmp_path / "origin", list(repos))
         origin.put(PATH, model)
         started.append(origin.start())
-        tier = CacheTier(tmp_path / "tier", origin.port)
+        tier = CacheTier(tmp_path / "tier", origin.port, **tier_options)
         started.append(tier.start())
         return origin, tier
 
@@ -179,6 +180,29 @@ def test_a_model_replaced_at_the_origin_never_mixes_versions_in_a_mount(versions
     # the origin did change: a node that reads it directly gets version 2 whole
     direct = node(f"{origin.url}/{PATH}")
     assert subprocess.run(["cmp", str(direct / "files" / NAME), str(v2)]).returncode == 0
+
+
+def test_a_new_version_reaches_new_nodes_once_the_tier_revalidates(versions, servers, node):
+    """Past ``proxy_cache_valid`` the tier asks the origin again (If-None-Match): nodes
+    mounted then read the new version whole, fetched from the origin once (a slice not
+    changed since is a 304), while the node that opened the old one reads it or EIO, never
+    the new bytes."""
+    v1, v2 = versions
+    old = v1.read_bytes()
+    origin, tier = servers(v1, valid="1s")
+    url = f"{tier.url}/{PATH}"
+    first = node(url)
+    assert subprocess.run(["cmp", str(first / "files" / NAME), str(v1)]).returncode == 0
+    etag1 = _get(tier.port, 0, 0)[1]["ETag"]
+    replace_at_origin(origin, v2)
+    assert wait_for(lambda: _get(tier.port, 0, 0)[1].get("ETag") not in (None, etag1))
+    mark = origin.log_mark()
+    for _ in range(2):          # one after the other: the lock covers new entries, not expired
+        later = node(url)
+        assert subprocess.run(["cmp", str(later / "files" / NAME), str(v2)]).returncode == 0
+    assert fetched(origin.wait_quiet(mark), f"/{PATH}") <= 1.1 * v2.stat().st_size
+    for i, got in enumerate(_read_chunks(first / "files" / NAME, len(old))):
+        assert got == EIO or got == old[i * MiB:(i + 1) * MiB], i
 
 
 def _get(port: int, first: int, last: int, **headers) -> tuple[int | str, dict, bytes, bool]:

@@ -756,7 +756,8 @@ server {{
         proxy_set_header Range $slice_range;        # ask the origin for the slice only
         proxy_cache tensorfs;
         proxy_cache_key $uri$is_args$args$slice_range;
-        proxy_cache_valid 200 206 30d;
+        proxy_cache_valid 200 206 {valid};               # then asked again, with If-None-Match:
+        proxy_cache_revalidate on;                  # 304 (no body) if the origin has not changed
         proxy_cache_lock on;                        # one origin fetch per slice; the
         proxy_cache_lock_timeout 5m;                # other nodes wait for it
         proxy_cache_lock_age 5m;
@@ -772,7 +773,7 @@ server {{
 """
 # the values docs/fleet.md shows
 CACHE_TIER_EXAMPLE = {"cache_dir": "/var/cache/nginx/tensorfs", "max_size": "500g",
-                      "origin": "models.internal:80", "listen": "8080"}
+                      "origin": "models.internal:80", "listen": "8080", "valid": "1m"}
 
 CACHE_TIER_CONF = r"""
 daemon off;
@@ -803,10 +804,13 @@ class CacheTier(Nginx):
     ``CACHE_TIER_SITE``; its cache under the prefix.  The access log (``requests``) is what it
     sent to its clients, with ``cache``: HIT, MISS ... per request."""
 
-    def __init__(self, base: Path, origin_port: int, workers: int = 1, max_size: str = "4g"):
+    def __init__(self, base: Path, origin_port: int, workers: int = 1, max_size: str = "4g",
+                 valid: str = "1m"):
+        """``valid``: how long a cached slice is served before the origin is asked again."""
         super().__init__(base, workers=workers)
         self.origin_port = origin_port
         self.max_size = max_size
+        self.valid = valid
 
     @property
     def cache_dir(self) -> Path:
@@ -817,6 +821,7 @@ class CacheTier(Nginx):
 
     def config(self) -> str:
         site = CACHE_TIER_SITE.format(cache_dir=self.cache_dir, max_size=self.max_size,
+                                      valid=self.valid,
                                       origin=f"127.0.0.1:{self.origin_port}",
                                       listen=f"127.0.0.1:{self.port}")
         return CACHE_TIER_CONF.format(prefix=self.prefix, workers=self.workers,
