@@ -25,6 +25,7 @@ from tests.support.servers import (
                                    CacheTier,
                                    HubRepo,
                                    Nginx,
+                                   parse_range,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -266,6 +267,36 @@ def test_hf_through_the_tier_fetches_a_commit_once(versions, servers, node):
             assert done.result().returncode == 0
     sent = fetched(origin.wait_quiet(), f"/tfs/fleet/resolve/{sha}/{NAME}")
     assert 0 < sent <= 1.1 * model.stat().st_size, sent
+
+
+def test_s3_through_the_tier_fetches_an_object_once(versions, moto, proxy, node, tmp_path):
+    """``endpoint_url`` at the tier, a bucket read without signing (``anon=true``): two nodes
+    read the object whole while the tier asks S3 (moto, behind a proxy that logs what it
+    asks) for each byte once."""
+    model = versions[0]
+    fs = moto.s3fs()
+    fs.mkdir("fleet", acl="public-read")
+    fs.put_file(str(model), f"fleet/{NAME}")
+    fs.chmod(f"fleet/{NAME}", acl="public-read")
+    s3 = proxy(moto.port)
+    tier = CacheTier(tmp_path / "tier", s3.port).start()
+    try:
+        options = ("--storage-option", f"endpoint_url={tier.url}", "--storage-option", "anon=true")
+        nodes = [node(f"s3://fleet/{NAME}", *options) for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            for done in [pool.submit(subprocess.run, ["cmp", str(mnt / "files" / NAME), str(model)])
+                         for mnt in nodes]:
+                assert done.result().returncode == 0
+        tier.wait_quiet()
+    finally:
+        tier.stop()
+    size = model.stat().st_size
+    asked = 0
+    for method, uri, header, _ in s3.log:
+        if method == "GET" and uri.startswith(f"/fleet/{NAME}"):
+            first, last = parse_range(header)
+            asked += min(size - 1, last) - first + 1
+    assert 0 < asked <= 1.1 * size, (asked, s3.log)
 
 
 def test_the_docs_show_the_config_the_tier_runs():
