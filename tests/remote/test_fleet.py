@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 
 from tests.support import EIO, alive, daemon_pid, mounts_in, read_errno, wait_for
-from tests.support.remote_checks import MiB, doc_of, fetched, reference
+from tests.support.remote_checks import MiB, assert_matches_reference, doc_of, fetched, reference
 from tests.support.servers import (
-                                   CACHE_TIER_EXAMPLE,
-                                   CACHE_TIER_SITE,
-                                   CacheTier,
-                                   HubRepo,
-                                   Nginx,
-                                   parse_range,
+    CACHE_TIER_EXAMPLE,
+    CACHE_TIER_SITE,
+    CacheTier,
+    HubRepo,
+    Nginx,
+    parse_range,
 )
+from tests.support.shards import INDEX, write_hf_shards, write_split_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "model.safetensors"
@@ -35,40 +36,56 @@ SLICE = 4 * MiB                         # the tier's slice (CACHE_TIER_SITE)
 NODES = 4
 
 
-def write_model(path: Path, seed: int) -> Path:
-    """About 23 MiB in six tensors, big and small; every seed gives the same header (names,
-    dtypes, shapes, offsets), so two versions differ only in their tensors' bytes."""
-    from safetensors.numpy import save_file
-
+def model_tensors(seed: int) -> dict[str, np.ndarray]:
+    """About 23 MiB in six tensors, big and small; every seed gives the same names, dtypes
+    and shapes, so two versions differ only in their tensors' bytes."""
     rng = np.random.default_rng(seed)
-    save_file({"a.small": rng.standard_normal(7).astype(np.float32),
-               "b.big": rng.integers(0, 255, (9 << 20) + 1, dtype=np.uint8),
-               "c.f32": rng.standard_normal((1000, 2000)).astype(np.float32),
-               "d.tiny": np.arange(3, dtype=np.int16) + seed,
-               "e.f16": rng.standard_normal((2000, 1500)).astype(np.float16),
-               "f.i32": rng.integers(-9, 9, 1000, dtype=np.int32)}, str(path))
-    return path
+    return {"a.small": rng.standard_normal(7).astype(np.float32),
+            "b.big": rng.integers(-128, 127, (9 << 20) + 1, dtype=np.int8),
+            "c.f32": rng.standard_normal((1000, 2000)).astype(np.float32),
+            "d.tiny": np.arange(3, dtype=np.int16) + seed,
+            "e.f16": rng.standard_normal((2000, 1500)).astype(np.float16),
+            "f.i32": rng.integers(-9, 9, 1000, dtype=np.int32)}
 
 
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory) -> tuple[Path, Path]:
+    """Two versions of one safetensors file (same header, other tensor bytes), each NAME in a
+    folder of its own."""
+    from safetensors.numpy import save_file
+
     d = tmp_path_factory.mktemp("fleet-models")
-    v1, v2 = write_model(d / "v1.safetensors", 1), write_model(d / "v2.safetensors", 2)
+    v1, v2 = d / "v1" / NAME, d / "v2" / NAME
+    for seed, path in ((1, v1), (2, v2)):
+        path.parent.mkdir()
+        save_file(model_tensors(seed), str(path))
     head = int.from_bytes(v1.read_bytes()[:8], "little") + 8
     assert v1.read_bytes()[:head] == v2.read_bytes()[:head]
     return v1, v2
 
 
+@pytest.fixture(scope="module")
+def forms(tmp_path_factory) -> dict[str, tuple[list[Path], str]]:
+    """The same tensors as a sharded safetensors index and as a split GGUF: (every file, the
+    one a user names)."""
+    d = tmp_path_factory.mktemp("fleet-forms")
+    index, _, weight_map = write_hf_shards(d / "sharded", 3, tensors=model_tensors(3))
+    shards = [index.parent / s for s in sorted(set(weight_map.values()))]
+    split, _ = write_split_gguf(d / "split", per_shard=2, tensors=model_tensors(4))
+    return {"sharded": ([index, *shards], INDEX), "split": (split, split[0].name)}
+
+
 @pytest.fixture
 def servers(tmp_path):
-    """servers(model, repos=(), **tier_options) -> (origin, tier): an origin nginx serving
-    ``model`` at /PATH (and ``repos``) and a caching tier of this test's own in front of it;
-    both stopped at the end."""
+    """servers(*files, repos=(), **tier_options) -> (origin, tier): an origin nginx serving
+    ``files`` under /files/fleet/ (and ``repos``) and a caching tier of this test's own in
+    front of it; both stopped at the end."""
     started = []
 
-    def _start(model: Path, repos=(), **tier_options) -> tuple[Nginx, CacheTier]:
+    def _start(*files: Path, repos=(), **tier_options) -> tuple[Nginx, CacheTier]:
         origin = Nginx(tmp_path / "origin", list(repos))
-        origin.put(PATH, model)
+        for path in files:
+            origin.put(f"files/fleet/{path.name}", path)
         started.append(origin.start())
         tier = CacheTier(tmp_path / "tier", origin.port, **tier_options)
         started.append(tier.start())
@@ -101,22 +118,19 @@ def replace_at_origin(origin: Nginx, model: Path) -> None:
     os.utime(origin.www / PATH, (later, later))
 
 
-def read_node(mnt: Path, model: Path, ref: dict, tensors_first: bool) -> None:
-    """What one node's users do: cmp files/NAME with the model, and every tensor, raw and as
-    .npy, against the reference reader's."""
-    def whole_file():
-        done = subprocess.run(["cmp", str(mnt / "files" / NAME), str(model)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, (mnt, done.stdout, done.stderr)
+def read_node(mnt: Path, files: list[Path], tensors_first: bool) -> None:
+    """What one node's users do: cmp each of the model's files in files/ with the original,
+    and read every tensor, raw and as .npy, against the reference reader's."""
+    def whole_files():
+        for path in files:
+            done = subprocess.run(["cmp", str(mnt / "files" / path.name), str(path)],
+                                  capture_output=True, text=True)
+            assert done.returncode == 0, (mnt, done.stdout, done.stderr)
 
     def tensors():
-        doc = doc_of(mnt)
-        for name, (raw, values) in ref.items():
-            path = mnt / doc["tensors"][name]["path"]
-            assert path.read_bytes() == raw, (mnt, name)
-            assert np.array_equal(np.load(f"{path}.npy"), values), (mnt, name)
+        assert_matches_reference(mnt, files)
 
-    for step in ((tensors, whole_file) if tensors_first else (whole_file, tensors)):
+    for step in ((tensors, whole_files) if tensors_first else (whole_files, tensors)):
         step()
 
 
@@ -126,9 +140,8 @@ def test_four_nodes_behind_the_tier_read_every_byte_with_one_origin_fetch(versio
     origin, tier = servers(model)
     url = f"{tier.url}/{PATH}"
     nodes = [node(url) for _ in range(NODES)]
-    ref = reference([model])
     with ThreadPoolExecutor(NODES) as pool:
-        for done in [pool.submit(read_node, mnt, model, ref, i % 2 == 1)
+        for done in [pool.submit(read_node, mnt, [model], i % 2 == 1)
                      for i, mnt in enumerate(nodes)]:
             done.result()
     size = model.stat().st_size
@@ -138,6 +151,20 @@ def test_four_nodes_behind_the_tier_read_every_byte_with_one_origin_fetch(versio
     data = size - (int.from_bytes(model.read_bytes()[:8], "little") + 8)
     served = fetched(tier.wait_quiet(), f"/{PATH}")
     assert served >= NODES * data, (served, NODES * data)
+
+
+@pytest.mark.parametrize("form", ["sharded", "split"])
+def test_a_sharded_model_behind_the_tier_is_fetched_once(forms, form, servers, node):
+    """An index and its shards, a split GGUF's shards: each file through the tier, once."""
+    files, entry = forms[form]
+    origin, tier = servers(*files)
+    nodes = [node(f"{tier.url}/files/fleet/{entry}") for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(read_node, mnt, files, i == 1) for i, mnt in enumerate(nodes)]:
+            done.result()
+    log = origin.wait_quiet()
+    for path in files:
+        assert fetched(log, f"/files/fleet/{path.name}") <= 1.1 * path.stat().st_size, path.name
 
 
 def _read_chunks(path: Path, size: int, chunk: int = MiB) -> list[bytes | int]:
@@ -258,7 +285,7 @@ def test_hf_through_the_tier_fetches_a_commit_once(versions, servers, node):
     model = versions[0]
     repo = HubRepo("tfs/fleet")
     sha = repo.commit({NAME: model})
-    origin, tier = servers(model, [repo])
+    origin, tier = servers(model, repos=[repo])
     env = {"HF_ENDPOINT": tier.url}
     nodes = [node(f"hf://tfs/fleet/{NAME}", env=env) for _ in range(2)]
     with ThreadPoolExecutor(2) as pool:
