@@ -6,10 +6,13 @@ the origin never mixes versions within one mount, nor within one answer of the t
 
 from __future__ import annotations
 
+import ctypes
 import http.client
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import EIO, alive, daemon_pid, mounts_in, read_errno, wait_for
+from tests.support import EIO, TENSORFS, alive, daemon_pid, mounts_in, read_errno, wait_for
 from tests.support.remote_checks import MiB, assert_matches_reference, doc_of, fetched, reference
 from tests.support.servers import (
     CACHE_TIER_EXAMPLE,
@@ -324,6 +327,53 @@ def test_s3_through_the_tier_fetches_an_object_once(versions, moto, proxy, node,
             first, last = parse_range(header)
             asked += min(size - 1, last) - first + 1
     assert 0 < asked <= 1.1 * size, (asked, s3.log)
+
+
+def _readiness_probe() -> str:
+    """The readiness command of docs/fleet.md's DaemonSet, as ``sh -c`` runs it."""
+    page = (ROOT / "docs" / "fleet.md").read_text()
+    line = re.search(r"^ +command: \[sh, -c, (\".*tensorfs list --json.*\")\]$", page, re.M)
+    return json.loads(line.group(1))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
+                    reason="mount(2) of a FUSE descriptor needs root and /dev/fuse")
+def test_a_node_served_through_a_descriptor_is_ready_by_the_pages_probe(versions, servers,
+                                                                         node_env, tmp_path):
+    """The DaemonSet's serving container: ``tensorfs mount URL --foreground /dev/fd/N`` on a
+    descriptor a mounter mounted (here the test, as tests/test_fd_mount.py does); the page's
+    readiness command says ready while it serves; the mounter's unmount ends it."""
+    model = versions[0]
+    _, tier = servers(model)
+    directory = tmp_path / "models"
+    directory.mkdir()
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    data = f"fd={fd},rootmode=40000,user_id=0,group_id=0"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tensorfs", os.fsencode(directory), b"fuse.tensorfs", 2 | 4, data.encode()):
+        os.close(fd)
+        pytest.skip(f"mount(2) of a FUSE descriptor: {os.strerror(ctypes.get_errno())}")
+    env = {**node_env, "PATH": f"{Path(sys.executable).parent}:{node_env.get('PATH', '')}",
+           "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([*TENSORFS, "mount", f"{tier.url}/{PATH}", "--foreground",
+                               f"/dev/fd/{fd}"], pass_fds=(fd,), env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    os.close(fd)
+    try:
+        probe = ["sh", "-c", _readiness_probe()]
+        assert wait_for(lambda: subprocess.run(probe, env=env).returncode == 0, 60)
+        assert subprocess.run(["cmp", str(directory / "files" / NAME), str(model)]).returncode == 0
+    finally:
+        libc.umount2(os.fsencode(directory), 2)                 # the mounter stops: MNT_DETACH
+        try:
+            server.wait(60)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+            server.stderr.close()
+    assert server.returncode == 0
 
 
 def test_the_docs_show_the_config_the_tier_runs():
