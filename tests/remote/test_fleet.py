@@ -20,7 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import EIO, TENSORFS, alive, daemon_pid, mounts_in, read_errno, wait_for
+from tests.support import (
+    EIO,
+    TENSORFS,
+    alive,
+    daemon_pid,
+    mounts_in,
+    read_errno,
+    run_tensorfs,
+    wait_for,
+)
 from tests.support.remote_checks import MiB, assert_matches_reference, doc_of, fetched, reference
 from tests.support.servers import (
     CACHE_TIER_EXAMPLE,
@@ -154,6 +163,30 @@ def test_four_nodes_behind_the_tier_read_every_byte_with_one_origin_fetch(versio
     data = size - (int.from_bytes(model.read_bytes()[:8], "little") + 8)
     served = fetched(tier.wait_quiet(), f"/{PATH}")
     assert served >= NODES * data, (served, NODES * data)
+
+
+def test_each_node_keeps_its_own_disk_cache_of_the_tiers_blocks(versions, servers, node,
+                                                                tmp_path):
+    """``--disk-cache`` per node, as docs/fleet.md says: two nodes fill their own caches
+    through the tier (the origin sends the file once); a node mounted again reads every
+    block from its disk, asking the tier only for the header at mount."""
+    model = versions[0]
+    origin, tier = servers(model)
+    url = f"{tier.url}/{PATH}"
+    caches = [tmp_path / f"disk{i}" for i in range(2)]
+    nodes = [node(url, "--disk-cache", cache) for cache in caches]
+    with ThreadPoolExecutor(2) as pool:
+        for done in [pool.submit(read_node, mnt, [model], i == 1) for i, mnt in enumerate(nodes)]:
+            done.result()
+    assert fetched(origin.wait_quiet(), f"/{PATH}") <= 1.1 * model.stat().st_size
+    assert all(any(cache.rglob("*.[0-9]*")) for cache in caches)
+    assert run_tensorfs("unmount", nodes[0]).returncode == 0
+    tier.wait_quiet()
+    mark = tier.log_mark()
+    again = node(url, "--disk-cache", caches[0])
+    read_node(again, [model], False)
+    asked = fetched(tier.wait_quiet(mark), f"/{PATH}")
+    assert asked <= MiB + int.from_bytes(model.read_bytes()[:8], "little") + 8, asked
 
 
 @pytest.mark.parametrize("form", ["sharded", "split"])
