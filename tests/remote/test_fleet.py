@@ -25,6 +25,7 @@ from tests.support import (
     TENSORFS,
     alive,
     daemon_pid,
+    mount_expecting_refusal,
     mounts_in,
     read_errno,
     run_tensorfs,
@@ -270,6 +271,28 @@ def test_a_new_version_reaches_new_nodes_once_the_tier_revalidates(versions, ser
     assert fetched(origin.wait_quiet(mark), f"/{PATH}") <= 1.1 * v2.stat().st_size
     for i, got in enumerate(_read_chunks(first / "files" / NAME, len(old))):
         assert got == EIO or got == old[i * MiB:(i + 1) * MiB], i
+
+
+def test_an_origin_down_behind_the_tier_is_one_line_at_mount_and_eio_on_reads(versions, servers,
+                                                                               node, tmp_path):
+    """The tier answers 502 for what it lacks while the origin does not answer: a mount of a
+    file it holds nothing of says so in one line; a live mount's read of a slice it lacks
+    fails with EIO within --timeout, the daemon stays up and reads what the tier holds."""
+    v1, other = versions
+    old = v1.read_bytes()
+    origin, tier = servers(v1)
+    origin.put("files/fleet/other.safetensors", other)
+    url = f"{tier.url}/{PATH}"
+    live = node(url, "--timeout", "5")                  # the tier holds slice 0 now
+    origin.stop()
+    (tmp_path / "refused").mkdir()
+    lacking = f"{tier.url}/files/fleet/other.safetensors"
+    refused, mounted = mount_expecting_refusal(lacking, tmp_path / "refused", "--timeout", "5")
+    assert not mounted and refused.returncode == 1, refused.stderr
+    assert refused.stderr == f"tensorfs: error: {lacking}: HTTP 502\n"
+    assert read_errno(live / "files" / NAME, 2 * SLICE, MiB) == EIO
+    assert alive(daemon_pid(live))
+    assert read_errno(live / "files" / NAME, 0, MiB) == old[:MiB]
 
 
 def _get(port: int, first: int, last: int, **headers) -> tuple[int | str, dict, bytes, bool]:
