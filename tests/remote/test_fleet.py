@@ -317,7 +317,8 @@ def _get(port: int, first: int, last: int, **headers) -> tuple[int | str, dict, 
 def test_the_tier_never_answers_one_range_from_two_versions(versions, servers):
     """The slice module checks each slice's ETag against the first's: a range over a slice of
     version 1 (cached) and one of version 2 (fetched now) is cut, never completed from both;
-    a slice of version 2 asked with If-Match of version 1 is refused (412), as tensorfs asks."""
+    a slice of version 2 asked with If-Match of version 1 is refused (412), as tensorfs asks;
+    If-Range of version 1 never gets version 2's bytes either."""
     v1, v2 = versions
     old = v1.read_bytes()
     origin, tier = servers(v1)
@@ -336,6 +337,12 @@ def test_the_tier_never_answers_one_range_from_two_versions(versions, servers):
     # slice 0 again: still version 1, and served as such
     status, headers, body, whole = _get(tier.port, 0, 99, If_Match=etag1)
     assert (status, headers.get("ETag"), body) == (206, etag1, old[:100])
+    # If-Range: the range is served only from the version named; for another, the whole file
+    # would be sent instead, and the tier, holding slices of both, cuts it before its head
+    status, _, body, _ = _get(tier.port, 0, 99, If_Range=etag1)
+    assert (status, body) == (206, old[:100])
+    status, _, body, whole = _get(tier.port, 2 * SLICE, 2 * SLICE + 99, If_Range=etag1)
+    assert not whole and body == old[:len(body)], status
 
 
 def test_hf_through_the_tier_fetches_a_commit_once(versions, servers, node):
