@@ -346,20 +346,22 @@ def test_the_tier_never_answers_one_range_from_two_versions(versions, servers):
 
 
 def test_hf_through_the_tier_fetches_a_commit_once(versions, servers, node):
-    """HF_ENDPOINT at the tier: the API answers pass through it, a commit's files are cached
-    (two nodes, one origin fetch of the file)."""
+    """HF_ENDPOINT at the tier: the API answers (the revision, the repo's listing) pass
+    through it, a commit's files are cached (two nodes, one origin fetch of the file)."""
     model = versions[0]
     repo = HubRepo("tfs/fleet")
     sha = repo.commit({NAME: model})
     origin, tier = servers(model, repos=[repo])
     env = {"HF_ENDPOINT": tier.url}
-    nodes = [node(f"hf://tfs/fleet/{NAME}", env=env) for _ in range(2)]
+    nodes = [node(f"hf://tfs/fleet/{NAME}", env=env), node("hf://tfs/fleet", env=env)]   # a file, the repo
     with ThreadPoolExecutor(2) as pool:
         for done in [pool.submit(subprocess.run, ["cmp", str(mnt / "files" / NAME), str(model)])
                      for mnt in nodes]:
             assert done.result().returncode == 0
     sent = fetched(origin.wait_quiet(), f"/tfs/fleet/resolve/{sha}/{NAME}")
     assert 0 < sent <= 1.1 * model.stat().st_size, sent
+    api = [r for r in tier.wait_quiet() if r["uri"].startswith("/api/")]
+    assert api and all(r["cache"] == "" for r in api), api          # never cached
 
 
 def test_s3_through_the_tier_fetches_an_object_once(versions, moto, proxy, node, tmp_path):
