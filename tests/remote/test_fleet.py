@@ -2,7 +2,10 @@
 (``slice``, ``proxy_cache``, ``proxy_cache_lock``: ``servers.CacheTier``, the config the page
 shows) in front of an origin nginx.  Four mounts reading the whole model at once get every
 byte right while the origin sends the file about once (its access log); a model replaced at
-the origin never mixes versions within one mount, nor within one answer of the tier."""
+the origin never mixes versions within one mount, nor within one answer of the tier.  The
+other pieces of the page: sharded models, hf:// through a mirror, unsigned s3://, one
+--disk-cache per node, an origin that stops answering, and the DaemonSet's serving
+container with its readiness command."""
 
 from __future__ import annotations
 
