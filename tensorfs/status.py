@@ -25,8 +25,9 @@ import re
 import threading
 import time
 
-from tensorfs import runtime
 from tensorfs.errors import plural
+from tensorfs.runtime import files as runtime
+from tensorfs.runtime.mounts import descriptor_of
 
 log = logging.getLogger("tensorfs")
 
@@ -196,7 +197,7 @@ def _descriptor_mounts(running) -> list[str]:
                 continue
             status = _load(os.path.join(directory, name)) or {}
             mountpoint, pid = status.get("mountpoint"), status.get("pid")
-            if isinstance(mountpoint, str) and runtime.descriptor_of(mountpoint) is not None \
+            if isinstance(mountpoint, str) and descriptor_of(mountpoint) is not None \
                     and isinstance(pid, int) and running(pid) and mountpoint not in found:
                 found.append(mountpoint)
     return found

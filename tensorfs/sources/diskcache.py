@@ -40,7 +40,8 @@ import struct
 import threading
 import time
 
-from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
+from tensorfs.runtime.files import write_file
+from tensorfs.runtime.paths import open_private_dir, open_private_subdir
 
 log = logging.getLogger("tensorfs")
 
