@@ -28,8 +28,10 @@ import stat
 import threading
 import time
 
-from tensorfs import runtime, status
+from tensorfs import status
 from tensorfs.errors import printable
+from tensorfs.runtime import claims, userlog
+from tensorfs.runtime import files as runtime
 
 log = logging.getLogger("tensorfs")
 
@@ -105,7 +107,7 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
         # O_NOCTTY: the daemon leads its session, and a terminal it opened would become its
         # controlling terminal
         # ... and never another user's file or link (runtime.open_user_log)
-        fd = runtime.open_user_log(path)
+        fd = userlog.open_user_log(path)
     except OSError as error:
         raise DaemonError(f"--log {path}: {error.strerror}") from None
     return os.path.abspath(path), fd, False
@@ -246,6 +248,7 @@ class _Life:
 
     def start(self) -> None:
         _write(self.pid_name, f"{os.getpid()}\n".encode())
+        claims.serving(self.mountpoint)     # a directory it holds (--edits) names this mount
 
     def on_ready(self) -> None:
         self.ready = True
