@@ -8,10 +8,11 @@ replaced under the mount, a remote object whose version changed), a remote sourc
 its last failed read (``read_failed``), and the process withdraws it when it stops serving
 (``withdraw``).  ``list`` reads it (``read``) and takes its rows from here (``listing``:
 the file that changed by its name in the mount and what still reads, that last failure, and
-the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).
+the ``/dev/fd/N`` mounts, one row per daemon); ``unmount`` forgets the one a killed daemon left (``forget``).
 ``report`` is a no-op in a process that serves no mount (``inspect``, the library), so any layer may call it.
 
-The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime``: written whole,
+The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime.files``: NAME is
+unique per live mount, the serving pid's in a ``/dev/fd/N`` mount's; written whole,
 never through a symlink), JSON with ASCII escapes: a name from the model cannot break a
 line of ``list``.
 """
@@ -164,10 +165,11 @@ def shown_state(status: dict) -> str:
 def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
     """One row per mount for ``tensorfs list``: each of ``mountpoints`` (the user's tensorfs
     mounts in the mount table), then each ``/dev/fd/N`` mount (mounted by another process,
-    so in no mount table under that name) whose daemon runs."""
+    so in no mount table under that name) whose daemon runs, one row per daemon: any
+    number of them may serve a ``/dev/fd/9``."""
     rows = []
     by_descriptor = _descriptor_mounts(running)
-    for mountpoint in mountpoints + by_descriptor:
+    for mountpoint in mountpoints:
         status = read(mountpoint, running) or {}
         pid = pid_of(mountpoint)
         if pid is None and status:
@@ -177,16 +179,22 @@ def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
             status = {"state": "unknown", "reason": "no status in this user's runtime directory"
                       + (" (served through a descriptor? see the /dev/fd/N rows)"
                          if by_descriptor else "")}
-        rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
-                     "tensors": status.get("tensors"), "state": status.get("state"),
-                     "reason": status.get("reason"),
-                     "last_failure": status.get("last_failure"), "shown": shown_state(status),
-                     "log": status.get("log")})
+        rows.append(_row(mountpoint, status, pid))
+    for status in by_descriptor:
+        rows.append(_row(status["mountpoint"], status, status["pid"]))
     return rows
 
 
-def _descriptor_mounts(running) -> list[str]:
-    found = []
+def _row(mountpoint: str, status: dict, pid: int | None) -> dict:
+    return {"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
+            "tensors": status.get("tensors"), "state": status.get("state"),
+            "reason": status.get("reason"), "last_failure": status.get("last_failure"),
+            "shown": shown_state(status), "log": status.get("log")}
+
+
+def _descriptor_mounts(running) -> list[dict]:
+    """The status of each live ``/dev/fd/N`` mount, in the order of their files' names."""
+    found, pids = [], set()
     for directory in runtime.known_dirs():
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
@@ -198,8 +206,9 @@ def _descriptor_mounts(running) -> list[str]:
             status = _load(os.path.join(directory, name)) or {}
             mountpoint, pid = status.get("mountpoint"), status.get("pid")
             if isinstance(mountpoint, str) and descriptor_of(mountpoint) is not None \
-                    and isinstance(pid, int) and running(pid) and mountpoint not in found:
-                found.append(mountpoint)
+                    and type(pid) is int and running(pid) and pid not in pids:
+                pids.add(pid)
+                found.append(status)
     return found
 
 
