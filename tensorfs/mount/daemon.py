@@ -12,7 +12,7 @@ returns when it is unmounted.
        libfuse's and fusermount's own        and fusermount wrote to stderr goes to the parent,
        words, in one line                    which is where a refused mount says why
 
-The runtime files (``tensorfs.runtime``): ``NAME.pid`` (the daemon's pid, one line: what
+The runtime files (``tensorfs.runtime.files``): ``NAME.pid`` (the daemon's pid, one line: what
 ``unmount`` waits on), the status file ``NAME.json`` (``tensorfs.status``: what ``tensorfs
 list`` shows) and the default log ``NAME.log``, removed after a clean unmount.
 """
@@ -106,7 +106,7 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
     try:
         # O_NOCTTY: the daemon leads its session, and a terminal it opened would become its
         # controlling terminal
-        # ... and never another user's file or link (runtime.open_user_log)
+        # ... and never another user's file or link (runtime.userlog)
         fd = userlog.open_user_log(path)
     except OSError as error:
         raise DaemonError(f"--log {path}: {error.strerror}") from None
