@@ -16,6 +16,9 @@ symlink, is not a directory, belongs to someone else or can be written by group 
 Files in it are created with ``O_NOFOLLOW | O_EXCL`` (a file written whole goes to a fresh
 temporary name, then is renamed over the old one) through a descriptor of the checked
 directory, so nothing in it is reached through a symlink.
+
+A mount's files are named for it (``_stem``), uniquely among live mounts: the resolved
+mount point, or for ``/dev/fd/N`` the serving process's pid too.
 """
 
 from __future__ import annotations
