@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tests.support import alive, fuse_mounts_under, mount_expecting_refusal, run_tensorfs, wait_for
+from tests.support import (
+    TENSORFS,
+    alive,
+    fuse_mounts_under,
+    mount_expecting_refusal,
+    run_tensorfs,
+    wait_for,
+)
 from tests.support.processes import daemon_pid
 
 
@@ -87,7 +94,6 @@ def test_a_foreground_mount_holds_the_dir_too(tmp_path, model):
     edits = tmp_path / "edits"
     mnt = tmp_path / "fg"
     mnt.mkdir()
-    from tests.support import TENSORFS
     proc = subprocess.Popen([*TENSORFS, "mount", "--foreground", model, mnt, "--edits", edits],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             stdin=subprocess.DEVNULL)

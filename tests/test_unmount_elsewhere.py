@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.support import TENSORFS, alive, fuse_mounts_under, wait_for
+from tests.support import TENSORFS, alive, daemon_pid, fuse_mounts_under, wait_for
 from tests.support.models import write_safetensors
 
 
@@ -72,7 +72,6 @@ def test_the_root_of_a_mount_names_its_daemon(tmp_path, mount):
     model = tmp_path / "m.safetensors"
     write_safetensors(model)
     mnt = mount(model)
-    from tests.support import daemon_pid
     assert int(os.getxattr(mnt, "user.tensorfs.pid")) == daemon_pid(mnt)
     assert os.listxattr(mnt) == []                  # asked for, never listed
     with pytest.raises(OSError) as caught:
