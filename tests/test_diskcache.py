@@ -192,7 +192,7 @@ def test_a_directory_another_user_owns_on_the_way_to_dir_is_refused(users, share
     with pytest.raises(PermissionError) as refused:
         DiskCache(str(theirs / "mine"), 1 << 20)
     why = (f"{theirs} (on the way to it): it belongs to uid {attacker.uid}" if mode & stat.S_ISVTX
-           else f"{theirs.parent} (on the way to it): anyone can write it")
+           else f"{theirs.parent} (on the way to it): group or others can write it")
     assert why in str(refused.value)
     assert os.listdir(theirs) == []
 

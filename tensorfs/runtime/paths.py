@@ -144,8 +144,14 @@ def open_private_dir(directory: str, euid: int, refused) -> int:
 
 
 def _unsafe_step(st: os.stat_result, euid: int) -> str | None:
+    """A directory on the way to a private directory: ``others_control``, and (as ssh's
+    StrictModes) no group may write it either unless it is sticky, since the files kept
+    below are trusted as the user's own."""
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
+    if st.st_mode & 0o020 and not st.st_mode & stat.S_ISVTX and st.st_uid in (0, euid):
+        return (f"group or others can write it (mode {stat.S_IMODE(st.st_mode):04o}) and it is "
+                "not sticky, so they can move what is in it")
     return others_control(st, euid)
 
 
