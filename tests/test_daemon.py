@@ -412,7 +412,7 @@ def test_list_tells_two_mounts_of_same_named_models_apart_and_a_changed_source(t
 
 
 def test_list_shows_a_url_without_its_credentials():
-    from tensorfs.cli.main import shown_source
+    from tensorfs.sources.urls import shown_source
 
     assert shown_source("https://user:hunter2@example.org:8443/m.gguf?X-Amz-Signature=abc") == \
         "https://example.org:8443/m.gguf?…"

@@ -27,6 +27,7 @@ from tensorfs.errors import ModelError, descriptor_limit_line, one_line_bounded,
 from tensorfs.mount.daemon import DaemonError
 from tensorfs.mount.options import OptionError
 from tensorfs.runtime import RuntimeDirError
+from tensorfs.sources.urls import shown_source, without_secrets
 
 # The imports inside the functions below are there for start-up time: `tensorfs --help`,
 # `list` and `unmount` answer without numpy, the parsers, the transports or libfuse, and each
@@ -108,34 +109,6 @@ def _negative_values_joined(argv: list[str], value_options: set[str]) -> list[st
         out.append(word)
         i += 1
     return out
-
-
-def argument_secrets(argv: list[str]) -> list[str]:
-    """What in ``argv`` may be a secret, whatever the spelling (``--stor KEY=VALUE``,
-    ``--storage-option=KEY=VALUE``, a mistyped flag): every URL's credentials
-    (``location.url_secrets``) and every VALUE of an argument holding ``=``, unless it is a
-    number, true, false or null (``--storage-option anon=true`` hides nothing)."""
-    from tensorfs.sources.location import is_url, url_secrets
-    from tensorfs.sources.urls import is_scalar
-
-    found = []
-    for arg in argv:
-        if is_url(arg):
-            found += url_secrets(arg)
-            continue
-        rest = arg
-        while "=" in rest:          # --s=KEY=VALUE: "KEY=VALUE" and "VALUE"
-            rest = rest.split("=", 1)[1]
-            if rest and not is_scalar(rest):
-                found.append(rest)
-    return sorted(set(found), key=len, reverse=True)        # the longest first
-
-
-def without_secrets(text: str, argv: list[str]) -> str:
-    """``text`` (an error line) with every secret of ``argv`` replaced by ``…``."""
-    for secret in argument_secrets(argv):
-        text = text.replace(secret, "…")
-    return text
 
 
 def parse_views(text: str) -> tuple[str, ...]:
@@ -658,22 +631,6 @@ def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None
         raise UserError(str(error)) from None
     finally:
         mounted.close()
-
-
-def shown_source(source: str) -> str:
-    """The source as ``list`` shows it: a path made absolute, or a URL without its
-    credentials (``location.display_url``), "?…" standing for a query string that may hold
-    a signed token."""
-    from urllib.parse import urlsplit
-
-    from tensorfs.sources.location import display_url
-
-    if "://" not in source:
-        return os.path.abspath(source)
-    try:
-        return display_url(source) + ("?…" if urlsplit(source).query else "")
-    except ValueError:
-        return source.split("://", 1)[0] + "://…"
 
 
 def _served_files(model) -> dict:

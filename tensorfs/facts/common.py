@@ -26,7 +26,7 @@ import numpy as np
 from tensorfs import api
 from tensorfs.convert.plan import ViewPlan, plan_view
 from tensorfs.model import TensorInfo
-from tensorfs.sources.location import is_url
+from tensorfs.sources.urls import is_url
 
 # A piece of a tensor whose values are worked on at once: at most this many elements (its
 # float64 copy is 8 MiB), cut on block boundaries.

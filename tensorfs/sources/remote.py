@@ -26,10 +26,11 @@ from tensorfs.errors import ModelError
 from tensorfs.sources import blockcache
 from tensorfs.sources.blockcache import BlockReader, Fetcher
 from tensorfs.sources.diskcache import DiskCache
-from tensorfs.sources.local import Source, SourceError
-from tensorfs.sources.location import DIRECTORY, FILE, Location, display_url
+from tensorfs.sources.location import DIRECTORY, FILE, Location
+from tensorfs.sources.source import Source, SourceError
 from tensorfs.sources.transports import transport_for
 from tensorfs.sources.transports.base import FetchError, Transport
+from tensorfs.sources.urls import display_url
 
 log = logging.getLogger("tensorfs")
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:          # annotations only: numpy is imported where it is use
 from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
-from tensorfs.sources.local import Source
+from tensorfs.sources.source import Source
 
 log = logging.getLogger("tensorfs")
 
