@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -59,15 +60,35 @@ def option_problem(models: list[str], *, storage_options=None, timeout: float | 
     return None
 
 
+@dataclass
+class RemoteSettings:
+    storage_options: dict = field(default_factory=dict)
+    timeout: float = 60.0                   # the longest wait of one read, retries included
+    cache: object = None                    # the mount's tensorfs.cache.ByteLRU
+    cache_bytes: int = 256 << 20            # when no cache is given
+    disk_cache: tuple[str, int] | None = None       # (directory, bytes)
+    # files the disk cache cannot keep (no version): said once on the terminal at mount
+    unkept: list = field(default_factory=list)
+
+    def notices(self) -> list[str]:
+        """What the mount command says on the terminal besides errors, once: a disk cache
+        that keeps nothing of some files."""
+        unkept = list(dict.fromkeys(self.unkept))      # shards are opened in parallel
+        if not unkept:
+            return []
+        more = f" (and {len(unkept) - 1} more files)" if len(unkept) > 1 else ""
+        return [f"{unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
+                "keeps none of its blocks: every mount fetches them again (serve it with "
+                "ETags, as nginx does by default)"]
+
+
 def remote_settings(model: str, *, storage_options=None, timeout: float | None = None,
                     cache=None, disk_cache: tuple[str, int] | None = None):
-    """The ``tensorfs.sources.remote.RemoteSettings`` a URL is read with, or None for a local path.
+    """The ``RemoteSettings`` a URL is read with, or None for a local path.
     ``cache``: the mount's LRU, which holds the fetched blocks too (one ``--cache-size``);
     ``storage_options``: a dict, or the (KEY, value) pairs of ``--storage-option``."""
     if not is_url(model):
         return None
-    from tensorfs.sources.remote import RemoteSettings  # a URL only: it imports the transports
-
     settings = RemoteSettings(storage_options=dict(storage_options or {}), cache=cache,
                               disk_cache=disk_cache)
     if timeout is not None:
