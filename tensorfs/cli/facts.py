@@ -87,10 +87,11 @@ def main(args, say_error, debug: bool) -> int:
     exits 2."""
     # The work runs in our own threads, one per core; OpenBLAS's threads (numpy.dot) would
     # fight them: a dot of 1 Mi float64 took 10 ms with them on a loaded 2-CPU machine,
-    # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts.common imports it.
+    # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts.models
+    # imports it (through tensorfs.api).
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
-    from tensorfs.facts.common import FactsError  # numpy: after the variables above
+    from tensorfs.facts.models import FactsError  # numpy: after the variables above
 
     problem = usage_problem(args)
     if problem is not None:
