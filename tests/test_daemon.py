@@ -56,7 +56,7 @@ def _runtime_files(mnt) -> list[str]:
 
 
 def _daemon_pid(mnt) -> int:
-    from tensorfs.mount.daemon import daemon_pid
+    from tensorfs.cli.daemon import daemon_pid
 
     pid = daemon_pid(os.path.realpath(mnt))
     assert pid is not None

@@ -155,7 +155,7 @@ class ModelSource(Source):
 
     def __init__(self, path: str, expected_size: int | None = None, within: str | None = None):
         self.path = path
-        self._abspath = os.path.abspath(path)     # the daemon works from "/" (tensorfs.mount.daemon)
+        self._abspath = os.path.abspath(path)     # the daemon works from "/" (tensorfs.cli.daemon)
         self.fd = open_regular_file(path, within)
         self._warn_lock = threading.Lock()
         st = os.fstat(self.fd)
