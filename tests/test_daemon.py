@@ -16,7 +16,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -67,17 +66,6 @@ def _list(*args) -> list[dict]:
     result = run_tensorfs("list", "--json", *args)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory every user can read (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="tensorfs-users-"))
-    path.chmod(0o755)
-    yield path
-    for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount", "-uz", mnt], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _dir_of(user: User, path: Path, mode: int) -> Path:

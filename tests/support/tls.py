@@ -1,8 +1,8 @@
 """Certificates for the TLS tests, made with the ``openssl`` command as a user makes them.
 
-- ``authority_and_server``: a CA and a server certificate for 127.0.0.1 it signs (v3,
-  CA:FALSE, subjectAltName IP:127.0.0.1): what every TLS client accepts once the CA is
-  trusted;
+- ``authority_and_server``: a CA (with keyUsage, as strict verification wants) and a server
+  certificate for 127.0.0.1 it signs (v3, CA:FALSE, subjectAltName IP:127.0.0.1): what every
+  TLS client accepts once the CA is trusted;
 - ``self_signed``: one certificate that is its own issuer, as ``openssl req -x509`` makes it
   (CA:TRUE: OpenSSL's default) or with ``extra`` extensions (``basicConstraints=critical,
   CA:FALSE`` makes one rustls takes).
@@ -34,8 +34,11 @@ def openssl(directory: Path, *args: str) -> None:
 
 def authority_and_server(directory: Path, host_san: str = "IP:127.0.0.1") -> Certificate:
     directory.mkdir(parents=True, exist_ok=True)
+    # keyUsage: Python 3.13 verifies strictly (VERIFY_X509_STRICT), which refuses a CA
+    # without it
     openssl(directory, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=tensorfs test CA", "-keyout", "ca.key", "-out", "ca.pem")
+            "-subj", "/CN=tensorfs test CA", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-keyout", "ca.key", "-out", "ca.pem")
     openssl(directory, "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
             "-keyout", "server.key", "-out", "server.csr")
     (directory / "server.ext").write_text(f"subjectAltName={host_san}\n"
