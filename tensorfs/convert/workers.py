@@ -1,5 +1,5 @@
 """Conversion worker processes: costly conversions (block quants, gguf-py's long tail) on
-every core, not on one core at a time behind the GIL (docs/serving.md, "The worker pool").
+every core, not on one core at a time behind the GIL (docs/workers.md).
 
 The pool owns its chunk slots.  A caller asks ``pool.convert(conversion, fill_input,
 in_bytes, out_bytes)`` and gets back a finished ``PoolChunk`` (its float32 values in an
