@@ -12,7 +12,8 @@ type and value, then one row per tensor.  Two promises hold whatever the file ho
   widening every other row), long strings are cut, and an array shows its first
   ``ARRAY_HEAD`` elements.
 
-``--json`` is not made here: it is exactly metadata.json (``tensorfs.mount.metadata_json``).
+``cmd_inspect`` is the command: the model's headers read (nothing else), then this report or,
+with ``--json``, metadata.json as a mount would serve it (``tensorfs.mount.metadata_json``).
 """
 
 from __future__ import annotations
