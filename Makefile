@@ -11,8 +11,11 @@ all: test
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
 # on, as in Debian 13) and fusermount; libfuse2 is what fusepy loads (the tests' slow FUSE
 # source, bench/passthrough.py).
+# ldconfig by its path: a user's PATH often lacks /sbin, and "ldconfig: not found" must not
+# send a machine that has everything back to apt-get.
+LDCONFIG := $(firstword $(wildcard /sbin/ldconfig /usr/sbin/ldconfig) ldconfig)
 system-deps:
-	@if ldconfig -p | grep -Eq 'libfuse3\.so\.[34] ' && ldconfig -p | grep -q 'libfuse\.so\.2 ' \
+	@if $(LDCONFIG) -p | grep -Eq 'libfuse3\.so\.[34] ' && $(LDCONFIG) -p | grep -q 'libfuse\.so\.2 ' \
 	    && command -v fusermount >/dev/null && command -v getfattr >/dev/null; then :; else \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install fuse3 and libfuse2 (apt-get)" >&2; exit 1; fi; \
 	  echo "installing fuse3, libfuse2 and attr (getfattr, for the xattr tests) ..."; \

@@ -6,10 +6,7 @@ into another user's file, and never block on a FIFO nobody reads: the audit's in
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -26,19 +23,14 @@ def _one_line(result) -> str:
 
 
 @pytest.fixture
-def shared():
+def shared(shared_dir):
     """A sticky directory every user can write (what /tmp is), and root's model and mount
-    point beside it."""
-    base = Path(tempfile.mkdtemp(prefix="tensorfs-audit-"))
-    base.chmod(0o755)
-    (base / "shared").mkdir()
-    (base / "shared").chmod(0o1777)
-    (base / "mnt").mkdir()
-    write_safetensors(base / "model.safetensors")
-    yield base
-    for mnt in fuse_mounts_under(base):
-        subprocess.run(["fusermount3", "-uz", mnt], capture_output=True, check=False)
-    shutil.rmtree(base, ignore_errors=True)
+    point beside it (in ``shared_dir``, which detaches what is left mounted)."""
+    (shared_dir / "shared").mkdir()
+    (shared_dir / "shared").chmod(0o1777)
+    (shared_dir / "mnt").mkdir()
+    write_safetensors(shared_dir / "model.safetensors")
+    return shared_dir
 
 
 @needs_users

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tensorfs.facts.common import MANIFEST_LIMIT
+from tensorfs.facts.files import MANIFEST_LIMIT
 from tests.support import run_tensorfs
 from tests.support.users import IS_ROOT, needs_users  # noqa: F401 (users: a conftest fixture)
 

@@ -50,7 +50,6 @@ MODULE_LAYERS = {
     "tensorfs.mount.fuse3": "fuse",
     "tensorfs.mount.operations": "fuse",
     "tensorfs.mount.adapter": "fuse",
-    "tensorfs.mount.daemon": "fuse",
     "tensorfs.cli": "cli",
     "tensorfs.__main__": "cli",
 }

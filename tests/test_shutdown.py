@@ -110,7 +110,7 @@ def mnt(tmp_path):
     path.mkdir()
     yield path
     if fuse_mounts_under(path):
-        from tensorfs.mount.daemon import daemon_pid
+        from tensorfs.cli.daemon import daemon_pid
 
         pid = daemon_pid(str(path))
         if pid is not None:

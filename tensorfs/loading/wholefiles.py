@@ -48,8 +48,9 @@ import time
 from typing import NamedTuple
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.local import ModelSource, Source, SourceError
+from tensorfs.sources.local import ModelSource
 from tensorfs.sources.location import DIRECTORY, LocalLocation
+from tensorfs.sources.source import Source, SourceError
 from tensorfs.views.byteviews import View
 
 log = logging.getLogger("tensorfs")

@@ -16,7 +16,7 @@ from tensorfs.mount.fuse3 import Entry, FsError, Session
 from tensorfs.mount.longwork import NotReady
 from tensorfs.mount.operations import Operations
 from tensorfs.mount.options import MountOptions
-from tensorfs.sources.local import SourceError
+from tensorfs.sources.source import SourceError
 from tensorfs.views.names import DirNode, FileNode, Tree
 
 log = logging.getLogger("tensorfs")

@@ -36,8 +36,9 @@ if TYPE_CHECKING:          # annotations only: numpy is imported where it is use
 
 from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
+from tensorfs.convert.blocks import read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
-from tensorfs.sources.local import Source
+from tensorfs.sources.source import Source
 
 log = logging.getLogger("tensorfs")
 
@@ -477,15 +478,14 @@ class ConvertedView(View):
 
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
-        start = first_block * self.conversion.block_bytes
         length = n_blocks * self.conversion.block_bytes
         import numpy as np  # (see npy_header)
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
             raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
-            self.source.read_into(self.offset + start, memoryview(scratch)[:length])
-            self.conversion.convert(raw, out=out)
+            read_converted(self.source, self.offset, self.conversion, first_block, n_blocks,
+                           out, raw)
             del raw
         finally:
             if len(scratch) == CHUNK_OUTPUT_BYTES:

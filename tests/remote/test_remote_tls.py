@@ -50,19 +50,9 @@ def https_hub(corpus, private_ca, tmp_path_factory):
 
 
 @pytest.fixture
-def https_server(corpus, tmp_path):
+def https_server(fresh_nginx):
     """https_server(certificate) -> a started nginx presenting ``certificate``."""
-    started = []
-
-    def _start(certificate) -> Nginx:
-        server = Nginx(tmp_path / f"nginx{len(started)}", tls=(certificate.cert, certificate.key))
-        publish_files(server, corpus)
-        started.append(server)
-        return server.start()
-
-    yield _start
-    for server in started:
-        server.stop()
+    return lambda certificate: fresh_nginx(tls=(certificate.cert, certificate.key))
 
 
 @pytest.fixture
@@ -134,7 +124,11 @@ def test_the_system_store_is_trusted(https_nginx, private_ca, plain_env, tmp_pat
     import subprocess
 
     from tests.support import TENSORFS
+    from tests.support.users import private_namespace_problem
 
+    problem = private_namespace_problem()
+    if problem is not None:
+        pytest.skip(problem)
     store = hashed_directory(tmp_path / "store", private_ca.trust)
     (store / "ca-certificates.crt").write_bytes(private_ca.trust.read_bytes())
     url = f"{https_nginx.url}/files/safetensors/model.safetensors"

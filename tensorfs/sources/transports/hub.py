@@ -21,10 +21,11 @@ from itertools import islice
 from urllib.parse import quote
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import DIRECTORY, FILE, display_url
+from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import FetchError, bounded, missing_extra
 from tensorfs.sources.transports.http import HttpTransport
 from tensorfs.sources.transports.objects import obstore, python_tls_problem, trusted_roots
+from tensorfs.sources.urls import display_url
 
 # The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
 # repository of 100,000 files: ~15 MiB of siblings); a server that sends more, or an endless
