@@ -1,4 +1,4 @@
-"""Every C structure tensorfs/mount/fuse3.py declares with ctypes has the size, field offsets and
+"""Every C structure tensorfs/fuse/session.py declares with ctypes has the size, field offsets and
 field sizes the C compiler gives it, for this machine's C library and the libfuse 3 headers:
 the installed ones (libfuse3-dev, which `make test` installs), and 3.10.5, 3.17.2 and 3.18.2
 from the tarballs in ../shared/libfuse/ where they are.  A wrong offset would not fail
@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from tensorfs.mount import fuse3
+from tensorfs.fuse import session as fuse3
 from tests.support.libfuse import SOURCES
 
 # ctypes structure -> its C type; a ctypes field is the C member of the same name, and those

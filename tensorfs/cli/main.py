@@ -24,8 +24,8 @@ import threading
 
 from tensorfs import __version__
 from tensorfs.errors import ModelError, descriptor_limit_line, one_line_bounded, plural, printable
+from tensorfs.fuse.options import OptionError
 from tensorfs.mount.daemon import DaemonError
-from tensorfs.mount.options import OptionError
 from tensorfs.runtime import RuntimeDirError
 
 # The imports inside the functions below are there for start-up time: `tensorfs --help`,
@@ -608,9 +608,9 @@ def _fsname(model_path: str) -> str:
 
 
 def fuse_options(args, model_path: str):
-    """The mount's ``-o`` options, parsed once (``tensorfs.mount.options.MountOptions``):
+    """The mount's ``-o`` options, parsed once (``tensorfs.fuse.options.MountOptions``):
     the FUSE adapter and the binding take what they need from it."""
-    from tensorfs.mount import options as mountoptions
+    from tensorfs.fuse import options as mountoptions
 
     return mountoptions.parse(args.fuse_options, fsname=_fsname(model_path),
                               from_mount_helper=getattr(args, "from_mount_helper", False))
@@ -643,9 +643,9 @@ def _editor(args, mounted):
 def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None:
     """Runs in the serving process (the daemon, after the fork): start what must start
     there, then serve until unmounted."""
+    from tensorfs.fuse.session import FuseUnavailable
     from tensorfs.loading.wholefiles import read_bits
     from tensorfs.mount.adapter import serve
-    from tensorfs.mount.fuse3 import FuseUnavailable
 
     log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
              plural(len(mounted.model.tensors), "tensor"))
@@ -693,9 +693,10 @@ def _load_fuse() -> None:
     """Import the FUSE adapter and load libfuse, for the serving process to inherit; a
     failure is left for that process to meet and say (``_serve``)."""
     try:
-        from tensorfs.mount import adapter, fuse3  # noqa: F401 (loaded for the daemon)
+        from tensorfs.fuse import session
+        from tensorfs.mount import adapter  # noqa: F401 (loaded for the daemon)
 
-        fuse3.libfuse()
+        session.libfuse()
     except Exception:                   # any exception: said where it is met again
         pass
 

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import NamedTuple
 
-from tensorfs.mount.options import MountOptions
+from tensorfs.fuse.options import MountOptions
 from tensorfs.runtime import descriptor_of, mount_device
 
 log = logging.getLogger("tensorfs")
@@ -384,7 +384,7 @@ class _LoopConfig32(ctypes.Structure):         # struct fuse_loop_config before 
 class Session:
     """One mount served by libfuse's loop, calling into ``fs``.
 
-    ``fs`` is a ``tensorfs.mount.operations.Operations``: its methods, documented there, answer
+    ``fs`` is a ``tensorfs.fuse.operations.Operations``: its methods, documented there, answer
     the kernel's requests.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
     (given: the filesystem's ``Operations.errno_of``) maps (and may log) any other exception.
 

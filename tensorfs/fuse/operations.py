@@ -1,4 +1,4 @@
-"""What a filesystem answers to be served by ``tensorfs.mount.fuse3.Session``: one method per
+"""What a filesystem answers to be served by ``tensorfs.fuse.session.Session``: one method per
 request of the kernel's, by inode number, as pyfuse3's ``Operations`` has.
 
 The session calls these from libfuse's threads, several at once.  A handler answers with
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 
-from tensorfs.mount.fuse3 import Entry, FsError
+from tensorfs.fuse.session import Entry, FsError
 
 
 class Operations:
