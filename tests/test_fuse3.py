@@ -1,4 +1,4 @@
-"""What the libfuse 3 binding (tensorfs/fuse/session.py) promises, seen through real mounts:
+"""What the libfuse 3 binding (tensorfs/fuse/) promises, seen through real mounts:
 listings that span many readdir pages, attributes given with a listing, `-o` options it
 answers itself, the read-ahead window it sets, and errors it refuses with."""
 

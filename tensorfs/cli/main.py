@@ -643,7 +643,7 @@ def _editor(args, mounted):
 def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None:
     """Runs in the serving process (the daemon, after the fork): start what must start
     there, then serve until unmounted."""
-    from tensorfs.fuse.session import FuseUnavailable
+    from tensorfs.fuse.loader import FuseUnavailable
     from tensorfs.loading.wholefiles import read_bits
     from tensorfs.mount.adapter import serve
 
@@ -693,10 +693,10 @@ def _load_fuse() -> None:
     """Import the FUSE adapter and load libfuse, for the serving process to inherit; a
     failure is left for that process to meet and say (``_serve``)."""
     try:
-        from tensorfs.fuse import session
+        from tensorfs.fuse import loader
         from tensorfs.mount import adapter  # noqa: F401 (loaded for the daemon)
 
-        session.libfuse()
+        loader.libfuse()
     except Exception:                   # any exception: said where it is met again
         pass
 

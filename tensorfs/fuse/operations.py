@@ -11,8 +11,30 @@ no descriptor to hand the kernel.
 from __future__ import annotations
 
 import errno
+import os
+from typing import NamedTuple
 
-from tensorfs.fuse.session import Entry, FsError
+
+class FsError(OSError):
+    """A deliberate answer (ENOENT, ENOTDIR, ENODATA ...), sent as it is."""
+
+    def __init__(self, code: int):
+        super().__init__(code, os.strerror(code))
+
+
+class Entry(NamedTuple):
+    """What ``stat`` says of one node.  The rest (owner, times, block size) is the same for
+    every node of a mount and given to ``Session``.  In a listing, ``size`` None means "not
+    known without work": that entry goes without attributes and the kernel looks it up.
+    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's; ``owner``:
+    the node's own (mode bits, uid, gid) (a local file of files/), else the mount's."""
+    ino: int
+    is_dir: bool
+    size: int | None
+    nlink: int
+    mtime_ns: int | None = None
+    owner: tuple[int, int, int] | None = None
+    writable: bool = False          # an editable mount's file or directory: the owner may write
 
 
 class Operations:

@@ -11,9 +11,9 @@ import itertools
 import logging
 import os
 
-from tensorfs.fuse.operations import Operations
+from tensorfs.fuse.operations import Entry, FsError, Operations
 from tensorfs.fuse.options import MountOptions
-from tensorfs.fuse.session import Entry, FsError, Session
+from tensorfs.fuse.session import Session
 from tensorfs.mount.editable import EditRefused
 from tensorfs.mount.longwork import NotReady
 from tensorfs.sources.local import SourceError
