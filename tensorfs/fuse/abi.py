@@ -145,6 +145,8 @@ OPS_SLOTS = ("init destroy lookup forget getattr setattr readlink mknod mkdir un
              "readdirplus copy_file_range lseek").split()
 
 req_t, ino_t, fi_p = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p
+# fuse_interrupt_func_t: called once the kernel interrupts a request (its caller got a signal)
+INTERRUPT_FUNC = ctypes.CFUNCTYPE(None, req_t, ctypes.c_void_p)
 CALLBACK_TYPES = {
     "init": ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ConnInfo)),
     "lookup": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),

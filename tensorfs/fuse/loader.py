@@ -12,6 +12,7 @@ import os
 import platform
 
 from tensorfs.fuse.abi import (
+    INTERRUPT_FUNC,
     ConnInfo,
     EntryParam,
     FileInfo,
@@ -92,6 +93,7 @@ def _load():
     fn("fuse_reply_write", ctypes.c_int, P, sz)
     fn("fuse_reply_create", ctypes.c_int, P, ctypes.POINTER(EntryParam), P)
     fn("fuse_req_ctx", ctypes.POINTER(FuseCtx), P)
+    fn("fuse_req_interrupt_func", None, P, INTERRUPT_FUNC, P)
     fn("fuse_lowlevel_notify_inval_inode", ctypes.c_int, P, ctypes.c_uint64, i64, i64)
     fn("fuse_reply_xattr", ctypes.c_int, P, sz)
     fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)

@@ -6,12 +6,18 @@ its return value; ``FsError(errno)`` raised by one is answered as that errno, an
 exception goes through ``errno_of``, which maps it (and may log it).  The defaults here
 answer as a filesystem without the feature would: no such entry, no extended attributes,
 no descriptor to hand the kernel.
+
+A handler whose answer needs work that must not hold a libfuse thread (``getxattr``) may
+return a ``Later`` instead: the session keeps the request and answers it when the ``Later``
+is settled, from whichever thread settles it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -35,6 +41,51 @@ class Entry(NamedTuple):
     mtime_ns: int | None = None
     owner: tuple[int, int, int] | None = None
     writable: bool = False          # an editable mount's file or directory: the owner may write
+
+
+class Later:
+    """An answer that comes later.  Whoever does the work calls ``answer(value)`` or
+    ``fail(exc)`` (any thread, once; later calls do nothing).  The session hands it the
+    delivery with ``deliver_to`` and calls ``give_up(errno)`` when the request ends
+    without it: the caller was interrupted (EINTR: a signal, a killed process) or the
+    session is ending (ECANCELED).  ``on_give_up`` (given by the work's owner) hears of
+    that once, so that work no one waits for any more can stop."""
+
+    def __init__(self, on_give_up: Callable[[Later], None] | None = None):
+        self._lock = threading.Lock()
+        self._outcome: tuple[bool, object] | None = None    # (ok, value or exception)
+        self._deliver: Callable[[bool, object], None] | None = None
+        self._on_give_up = on_give_up
+
+    @property
+    def settled(self) -> bool:
+        return self._outcome is not None
+
+    def answer(self, value) -> None:
+        self._settle(True, value)
+
+    def fail(self, exc: BaseException) -> None:
+        self._settle(False, exc)
+
+    def give_up(self, code: int) -> None:
+        if self._settle(False, FsError(code)) and self._on_give_up is not None:
+            self._on_give_up(self)
+
+    def deliver_to(self, deliver: Callable[[bool, object], None]) -> None:
+        """``deliver(ok, value_or_exception)`` once, now if settled already."""
+        with self._lock:
+            self._deliver, outcome = deliver, self._outcome
+        if outcome is not None:
+            deliver(*outcome)
+
+    def _settle(self, ok: bool, value) -> bool:
+        with self._lock:
+            if self._outcome is not None:
+                return False
+            self._outcome, deliver = (ok, value), self._deliver
+        if deliver is not None:
+            deliver(ok, value)
+        return True
 
 
 class Operations:
@@ -78,9 +129,10 @@ class Operations:
         than ``len(buf)`` only at the end of the file."""
         raise FsError(errno.EIO)
 
-    def getxattr(self, ino: int, name: str) -> bytes:
+    def getxattr(self, ino: int, name: str) -> bytes | Later:
         """The extended attribute ``name`` of ``ino``: ``FsError(ENODATA)`` if it has none
-        of that name, ``FsError(EOPNOTSUPP)`` for a namespace it does not serve."""
+        of that name, ``FsError(EOPNOTSUPP)`` for a namespace it does not serve; a
+        ``Later`` settled with the bytes where they need long work."""
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import signal
@@ -44,6 +45,7 @@ from tensorfs.fuse.abi import (
     FUSE_SET_ATTR_MODE,
     FUSE_SET_ATTR_SIZE,
     FUSE_SET_ATTR_UID,
+    INTERRUPT_FUNC,
     OPS_SLOTS,
     ROOT_INO,
     EntryParam,
@@ -55,7 +57,7 @@ from tensorfs.fuse.abi import (
     Statvfs,
 )
 from tensorfs.fuse.loader import FuseUnavailable, describe, libfuse, libfuse_said
-from tensorfs.fuse.operations import Entry, FsError
+from tensorfs.fuse.operations import Entry, FsError, Later
 from tensorfs.fuse.options import MountOptions
 from tensorfs.runtime import descriptor_of, mount_device
 
@@ -136,6 +138,12 @@ class Session:
         self._inval_queue: list = []
         self._inval_wake = threading.Event()
         self._inval_thread = None
+        # requests answered later (``Later``): key -> the Later; no libfuse thread waits
+        self._waiting: dict[int, Later] = {}
+        self._waiting_lock = threading.Lock()
+        self._waiting_keys = itertools.count(1)
+        self._waits_ended = False
+        self._on_interrupt = INTERRUPT_FUNC(self._interrupted)     # kept: libfuse calls it
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -408,7 +416,61 @@ class Session:
             self.lib.fuse_reply_buf(req, data, len(data))
 
     def _getxattr(self, req, ino, name, size):
-        self._reply_sized(req, self.fs.getxattr(ino, name.decode("utf-8", "surrogateescape")), size)
+        value = self.fs.getxattr(ino, name.decode("utf-8", "surrogateescape"))
+        if isinstance(value, Later):
+            self._defer(req, value, lambda data: self._reply_sized(req, data, size))
+        else:
+            self._reply_sized(req, value, size)
+
+    # -- answers that come later: the request is kept, no thread waits -------------------------
+    def _defer(self, req, later: Later, reply) -> None:
+        """Answer ``req`` with ``reply(value)`` once ``later`` is settled, from the thread that
+        settles it; the libfuse thread that asked returns now.  An INTERRUPT of the request
+        (its caller got a signal or was killed) answers EINTR and tells the ``Later``'s owner
+        (``give_up``); a session that ends answers ECANCELED (``_end_waits``).  Each request
+        is answered once: the first of these takes it out of ``_waiting``, and every reply
+        is sent under ``_waiting_lock``, so none is sent once the session is gone."""
+        key = next(self._waiting_keys)
+        with self._waiting_lock:
+            if self._waits_ended:
+                self.lib.fuse_reply_err(req, errno.ECANCELED)
+                return
+            self._waiting[key] = later
+
+        def deliver(ok: bool, value) -> None:
+            with self._waiting_lock:
+                if self._waiting.pop(key, None) is None:
+                    return
+                try:
+                    if not ok:
+                        raise value
+                    reply(value)
+                except FsError as exc:
+                    self.lib.fuse_reply_err(req, exc.errno)
+                except BaseException as exc:
+                    self.lib.fuse_reply_err(req, self.errno_of(exc))
+
+        # before any reply can free the request; calls _interrupted now if it already was
+        self.lib.fuse_req_interrupt_func(req, self._on_interrupt, key)
+        later.deliver_to(deliver)
+
+    def _interrupted(self, req, key) -> None:
+        with self._waiting_lock:
+            later = self._waiting.get(key or 0)
+        if later is not None:
+            log.debug("request %d interrupted: answered EINTR", key)
+            later.give_up(errno.EINTR)
+
+    def _end_waits(self) -> None:
+        """The session is ending: every request still waiting is answered ECANCELED, before
+        libfuse lets go of them; a ``Later`` settled afterwards answers nothing."""
+        with self._waiting_lock:
+            self._waits_ended = True
+            waiting = list(self._waiting.values())
+        for later in waiting:
+            later.give_up(errno.ECANCELED)
+        with self._waiting_lock:            # a reply being sent by another thread is done
+            self._waiting.clear()
 
     def _listxattr(self, req, ino, size):
         names = self.fs.listxattr(ino)
@@ -611,6 +673,7 @@ class Session:
                     with self._ready_lock:
                         self._ended = True
                     self._init_done.set()
+                    self._end_waits()
                     lib.fuse_session_unmount(se)
             finally:
                 lib.fuse_remove_signal_handlers(se)

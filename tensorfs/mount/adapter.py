@@ -11,11 +11,10 @@ import itertools
 import logging
 import os
 
-from tensorfs.fuse.operations import Entry, FsError, Operations
+from tensorfs.fuse.operations import Entry, FsError, Later, Operations
 from tensorfs.fuse.options import MountOptions
 from tensorfs.fuse.session import Session
 from tensorfs.mount.editable import EditRefused
-from tensorfs.mount.longwork import NotReady
 from tensorfs.sources.local import SourceError
 from tensorfs.views.names import DirNode, FileNode, Tree
 
@@ -175,13 +174,10 @@ class TensorFS(Operations):
             raise FsError(errno.EISDIR)
         return node.view.read_into(offset, buf)
 
-    def getxattr(self, ino: int, name: str) -> bytes:
+    def getxattr(self, ino: int, name: str) -> bytes | Later:
         xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
-            try:
-                return xattrs[name]
-            except NotReady:        # long work started by this ask: "ask again", not logged
-                raise FsError(errno.EAGAIN) from None
+            return xattrs[name]     # a Later where it needs long work (the sha256)
         if not name.startswith("user."):
             # "Not supported here", not "no such attribute": ls -l remembers it and stops
             # asking every file for its SELinux label and ACLs (a round trip each).
