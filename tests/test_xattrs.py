@@ -193,6 +193,7 @@ def test_the_first_getfattr_gets_the_sha256_while_one_thread_serves_the_rest(
         assert (asker.returncode, err) == (0, b"")
         assert out == sha256_of_range(src / "m.safetensors", *tensors["big"]).encode()
     finally:
+        (src / "DELAY").unlink(missing_ok=True)
         assert run_tensorfs("unmount", mnt).returncode == 0
 
 
@@ -225,6 +226,36 @@ def test_a_killed_getfattr_ends_its_wait_and_the_hash_no_one_waits_for(tmp_path,
         assert (asker.returncode, err) == (0, b"")
         assert out == sha256_of_range(src / "m.safetensors", *tensors["big"]).encode()
     finally:
+        (src / "DELAY").unlink(missing_ok=True)
+        assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_killed_getfattr_leaves_the_hash_to_another_that_waits(tmp_path, slow_source):
+    """Two getfattr wait for one tensor's sha256; one is killed: the hash goes on for the
+    other, which gets the value."""
+    src, slow = slow_source
+    tensors = write_sparse_safetensors(src / "m.safetensors", {"big": 16 << 20})
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    assert run_tensorfs("mount", slow / "m.safetensors", mnt, "--log", log,
+                        "--debug").returncode == 0
+    try:
+        (src / "DELAY").write_text("0.05")
+        killed, kept = _getfattr_sha256(mnt / "big"), _getfattr_sha256(mnt / "big")
+        assert wait_for(lambda: "sha256 of tensor 'big': started" in log.read_text(), 30)
+        assert wait_for(lambda: in_fuse_request(kept.pid, kept.pid), 30)
+        assert killed.poll() is None, killed.communicate()
+        killed.kill()
+        killed.wait(timeout=20)
+        assert wait_for(lambda: "request 1 interrupted" in log.read_text()
+                        or "request 2 interrupted" in log.read_text(), 30)
+        out, err = kept.communicate(timeout=300)
+        assert (kept.returncode, err) == (0, b"")
+        assert out == sha256_of_range(src / "m.safetensors", *tensors["big"]).encode()
+        assert "cancelled" not in log.read_text()
+    finally:
+        (src / "DELAY").unlink(missing_ok=True)
         assert run_tensorfs("unmount", mnt).returncode == 0
 
 
