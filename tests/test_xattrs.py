@@ -5,6 +5,7 @@ nothing on directories and generated files."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -257,6 +258,21 @@ def test_a_killed_getfattr_leaves_the_hash_to_another_that_waits(tmp_path, slow_
     finally:
         (src / "DELAY").unlink(missing_ok=True)
         assert run_tensorfs("unmount", mnt).returncode == 0
+
+
+def test_an_edited_large_tensor_answers_the_sha256_of_its_new_bytes(tmp_path, mount):
+    """With --edits, a raw tensor file over 1 MiB rewritten in place: its sha256, hashed by
+    the mount's long work like the model's, is of the new bytes (not the value the model's
+    bytes had under the same tensor name), and the first ask after the edit gets it."""
+    model = tmp_path / "m.safetensors"
+    tensors = write_sparse_safetensors(model, {"big": 2 << 20})
+    mnt = mount(model, "--edits", tmp_path / "edits")
+    before = os.getxattr(mnt / "big", "user.tensorfs.sha256")
+    assert before == sha256_of_range(model, *tensors["big"]).encode()
+    new = bytes(range(256)) * (8 << 10)
+    (mnt / "big").write_bytes(new)
+    assert os.getxattr(mnt / "big", "user.tensorfs.sha256") == \
+        hashlib.sha256(new).hexdigest().encode() != before
 
 
 def test_the_sha256_of_a_tensor_up_to_1_mib_is_answered_by_the_ask(tmp_path, mount):

@@ -450,7 +450,11 @@ class Session:
                 except BaseException as exc:
                     self.lib.fuse_reply_err(req, self.errno_of(exc))
 
-        # before any reply can free the request; calls _interrupted now if it already was
+        # Registered before any reply can free the request.  If it was interrupted already,
+        # libfuse calls _interrupted from inside this call, holding no reference of its own:
+        # a reply sent there would free the request under libfuse's feet.  None is, because
+        # the delivery is handed over only after (an INTERRUPT read later is called with a
+        # reference held, and may reply).
         self.lib.fuse_req_interrupt_func(req, self._on_interrupt, key)
         later.deliver_to(deliver)
 

@@ -3,6 +3,7 @@ generated files, all placed in a ``Tree`` by the naming rule.  FUSE is not invol
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -160,6 +161,9 @@ def _abort_when_detached(mountpoint: str, aborts) -> None:
         time.sleep(0.01 if fast else UNMOUNT_POLL_S)
 
 
+_HASH_JOBS = itertools.count()
+
+
 class TensorXattrs(Mapping):
     """user.tensorfs.* of a tensor's files, made when asked (a dict per tensor would cost
     more than the rest of the tensor's entry).
@@ -171,7 +175,7 @@ class TensorXattrs(Mapping):
     hash settles (the request waits, no thread does).  It is not listed: whatever copies the listed
     attributes (``cp -a``, ``rsync -X``) would hash every tensor (docs/facts.md)."""
 
-    __slots__ = ("tensor", "raw", "sha256", "long_work")
+    __slots__ = ("tensor", "raw", "sha256", "long_work", "_job")
     NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
              "user.tensorfs.shard")
     SHA256 = "user.tensorfs.sha256"
@@ -183,6 +187,8 @@ class TensorXattrs(Mapping):
         self.raw = raw
         self.sha256: bytes | None = None
         self.long_work = long_work
+        # this file's hash job: its own key, as an edited tensor's bytes are not the model's
+        self._job: tuple | None = None
 
     def __getitem__(self, name: str) -> bytes | Later:
         t = self.tensor
@@ -213,7 +219,9 @@ class TensorXattrs(Mapping):
             def work(check) -> bytes:
                 return sha256_of(_Checked(raw, check)).encode()
 
-            value = self.long_work.result(("sha256", self.tensor.name), work,
+            if self._job is None:
+                self._job = ("sha256", self.tensor.name, next(_HASH_JOBS))
+            value = self.long_work.result(self._job, work,
                                           f"sha256 of tensor {self.tensor.name!r}")
             if isinstance(value, bytes):
                 self.sha256 = value
