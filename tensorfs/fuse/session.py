@@ -432,10 +432,14 @@ class Session:
         is sent under ``_waiting_lock``, so none is sent once the session is gone."""
         key = next(self._waiting_keys)
         with self._waiting_lock:
-            if self._waits_ended:
+            ended = self._waits_ended
+            if ended:
                 self.lib.fuse_reply_err(req, errno.ECANCELED)
-                return
-            self._waiting[key] = later
+            else:
+                self._waiting[key] = later
+        if ended:
+            later.give_up(errno.ECANCELED)          # its owner stops waiting for a reply
+            return
 
         def deliver(ok: bool, value) -> None:
             with self._waiting_lock:
@@ -463,7 +467,10 @@ class Session:
             later = self._waiting.get(key or 0)
         if later is not None:
             log.debug("request %d interrupted: answered EINTR", key)
-            later.give_up(errno.EINTR)
+            try:
+                later.give_up(errno.EINTR)
+            except Exception:                   # called by libfuse: nothing above to raise to
+                log.exception("an interrupted request's work could not be told")
 
     def _end_waits(self) -> None:
         """The session is ending: every request still waiting is answered ECANCELED, before
