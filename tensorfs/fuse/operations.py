@@ -57,10 +57,6 @@ class Later:
         self._deliver: Callable[[bool, object], None] | None = None
         self._on_give_up = on_give_up
 
-    @property
-    def settled(self) -> bool:
-        return self._outcome is not None
-
     def answer(self, value) -> None:
         self._settle(True, value)
 
