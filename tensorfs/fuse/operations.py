@@ -48,10 +48,10 @@ class Later:
     ``fail(exc)`` (any thread, once; later calls do nothing).  The session hands it the
     delivery with ``deliver_to`` and calls ``give_up(errno)`` when the request ends
     without it: the caller was interrupted (EINTR: a signal, a killed process) or the
-    session is ending (ECANCELED).  ``on_give_up`` (given by the work's owner) hears of
-    that once, so that work no one waits for any more can stop."""
+    session is ending (ECANCELED).  ``on_give_up(later, errno)`` (given by the work's
+    owner) hears of that once, so that work no one waits for any more can stop."""
 
-    def __init__(self, on_give_up: Callable[[Later], None] | None = None):
+    def __init__(self, on_give_up: Callable[[Later, int], None] | None = None):
         self._lock = threading.Lock()
         self._outcome: tuple[bool, object] | None = None    # (ok, value or exception)
         self._deliver: Callable[[bool, object], None] | None = None
@@ -65,7 +65,7 @@ class Later:
 
     def give_up(self, code: int) -> None:
         if self._settle(False, FsError(code)) and self._on_give_up is not None:
-            self._on_give_up(self)
+            self._on_give_up(self, code)
 
     def deliver_to(self, deliver: Callable[[bool, object], None]) -> None:
         """``deliver(ok, value_or_exception)`` once, now if settled already."""

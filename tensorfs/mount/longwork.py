@@ -46,7 +46,7 @@ class LongWork:
         self._waiting: dict = {}            # key -> the Laters of the asks that wait
         self._queued: dict = {}             # key -> (work, what), in the order asked
         self._current = None
-        self._abandoned = False             # no one waits for the running job any more
+        self._abandoned = ""                # why no one waits for the running job any more
         self._stopping = False
         self._thread: threading.Thread | None = None
         # called once, at the first job queued (MountedModel.start: watch for a lazy unmount)
@@ -56,13 +56,13 @@ class LongWork:
         with self._lock:
             if key in self._done:
                 return self._done[key]
-            later = Later(on_give_up=lambda gone: self._left(key, gone))
+            later = Later(on_give_up=lambda gone, code: self._left(key, gone, code))
             if self._stopping:
                 later.fail(FsError(errno.ECANCELED))
                 return later
             self._waiting.setdefault(key, []).append(later)
             if key == self._current:
-                self._abandoned = False
+                self._abandoned = ""
             elif key not in self._queued:
                 self._queued[key] = (work, what)
                 if self._thread is None:
@@ -76,9 +76,11 @@ class LongWork:
                 self._wake.notify()
         return later
 
-    def _left(self, key, gone: Later) -> None:
-        """An ask gave up: if it was the job's last, the job is dropped (queued) or
+    def _left(self, key, gone: Later, code: int) -> None:
+        """An ask gave up (``code``: EINTR, its caller was interrupted; ECANCELED, its
+        session is ending): if it was the job's last, the job is dropped (queued) or
         stopped at its next ``check`` (running)."""
+        why = "the mount is ending" if code == errno.ECANCELED else "no one waits for it any more"
         with self._lock:
             waiting = self._waiting.get(key, [])
             if gone in waiting:
@@ -88,9 +90,9 @@ class LongWork:
             self._waiting.pop(key, None)
             if key in self._queued:
                 _, what = self._queued.pop(key)
-                log.info("%s: dropped (no one waits for it any more)", what)
+                log.info("%s: dropped (%s)", what, why)
             elif key == self._current:
-                self._abandoned = True
+                self._abandoned = why
 
     def check(self) -> None:
         if self._stopping or self._abandoned:
@@ -126,7 +128,7 @@ class LongWork:
                     return
                 key = next(iter(self._queued))
                 work, what = self._queued.pop(key)
-                self._current, self._abandoned = key, False
+                self._current, self._abandoned = key, ""
             started = time.monotonic()
             log.debug("%s: started", what)
             try:
@@ -138,7 +140,7 @@ class LongWork:
                         log.info("%s: cancelled (the mount is ending)", what)
                         return
                     if not self._waiting.get(key):
-                        log.info("%s: cancelled (no one waits for it any more)", what)
+                        log.info("%s: cancelled (%s)", what, self._abandoned)
                         continue
                     self._queued[key] = (work, what)    # asked again meanwhile: start over
                 continue
