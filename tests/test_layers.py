@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tensorfs"
 # Lowest first: a layer may use every layer before it, never one after it.  Each folder of
 # tensorfs/ is one layer.
 LAYERS = [
-    "core",         # tensorfs/*.py: errors, the model's description, types, runtime, caches
+    "runtime",      # runtime/: the machine: runtime files, the mount table, private paths
+    "core",         # tensorfs/*.py: errors, the model's description, types, status, caches
     "fuse",         # fuse/: the libfuse binding (ABI, loader, session, Operations, -o): core only
     "formats",      # formats/: the parsers, bytes in, a ModelFile out
     "convert",      # convert/: stored types to float32, each tensor's view plan, the workers
@@ -35,6 +36,7 @@ LAYERS = [
 
 MODULE_LAYERS = {
     "tensorfs": "core",
+    "tensorfs.runtime": "runtime",
     "tensorfs.formats": "formats",
     "tensorfs.convert": "convert",
     "tensorfs.editing": "editing",

@@ -818,7 +818,8 @@ def cmd_unmount(args) -> int:
         raise UserError(f"{args.mountpoint}: not mounted")
     if kind != "fuse.tensorfs":
         raise UserError(f"{args.mountpoint}: not a tensorfs mount ({kind}): not unmounted")
-    pid = daemon.daemon_pid(mountpoint)
+    # its runtime files, else the mount itself (a shell with another XDG_RUNTIME_DIR)
+    pid = daemon.daemon_pid(mountpoint) or daemon.daemon_of_mount(mountpoint)
     command = ["fusermount", "-u"] + (["-z"] if args.lazy else []) + [mountpoint]
     try:
         result = subprocess.run(command, capture_output=True, text=True)

@@ -31,7 +31,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
+from tensorfs.runtime.claims import claim, release
+from tensorfs.runtime.files import write_file
+from tensorfs.runtime.paths import open_private_dir, open_private_subdir
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -211,10 +213,13 @@ class EditStore:
             self._fd = self._open_root(dir_fd)
         finally:
             os.close(dir_fd)
+        self._owner = -1
         try:
+            self._owner = claim(self._fd, self.directory, _refused)   # one mount at a time
             self.state = self._load(identity)
             self._remove_strays()
         except BaseException:
+            release(self._owner)
             os.close(self._fd)
             raise
 
@@ -340,6 +345,7 @@ class EditStore:
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            release(self._owner)
             try:
                 os.close(self._fd)
             except OSError:

@@ -26,6 +26,7 @@ import numpy as np
 from tensorfs import api
 from tensorfs.convert.plan import ViewPlan, plan_view
 from tensorfs.model import TensorInfo
+from tensorfs.runtime.paths import walk_problem
 from tensorfs.sources.location import is_url
 
 # A piece of a tensor whose values are worked on at once: at most this many elements (its
@@ -149,22 +150,10 @@ def read_text_input(path: str, what: str, limit: int) -> str:
 
 
 def _others_link(directory: str) -> str | None:
-    """The first symbolic link on the way to ``directory`` that someone other than this
-    user or root owns, or None: such a link can be pointed anywhere by its owner, so a
-    file made below it would land where they chose (as ssh's StrictModes reasons)."""
-    me = os.geteuid()
-    current = os.sep
-    for part in os.path.abspath(directory).split(os.sep):
-        if not part:
-            continue
-        current = os.path.join(current, part)
-        try:
-            st = os.lstat(current)
-        except OSError:
-            return None             # said when the directory is opened
-        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, me):
-            return f"{current} is a symbolic link of another user's (uid {st.st_uid})"
-    return None
+    """Why ``directory`` is a path someone else controls (a link or a directory of another
+    user's on the way, or one anyone may write without the sticky bit: a file made below it
+    could land where they chose), or None: ``tensorfs.runtime.paths``'s one rule."""
+    return walk_problem(directory, os.geteuid())
 
 
 def _open_output_directory(path: str, what: str) -> tuple[int, str]:

@@ -39,6 +39,11 @@ FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 # checks the file after every read.  Turn it on only for files nothing rewrites.
 PASSTHROUGH = os.environ.get("TENSORFS_PASSTHROUGH", "0") == "1"
 
+# The mount's root answers this with the serving process's pid: how ``tensorfs unmount`` finds
+# the daemon from the mount itself, whatever runtime directory its files are in.  Not listed
+# (``getfattr -d`` and copies of the tree do not carry it).
+PID_XATTR = "user.tensorfs.pid"
+
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
 KEEP_LISTING_ENTRIES = 64
@@ -175,6 +180,8 @@ class TensorFS(Operations):
         return node.view.read_into(offset, buf)
 
     def getxattr(self, ino: int, name: str) -> bytes | Later:
+        if ino == self.tree.root.ino and name == PID_XATTR:
+            return str(os.getpid()).encode()    # the serving process: what unmount waits for
         xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
             return xattrs[name]     # a Later where it needs long work (the sha256)
@@ -185,7 +192,7 @@ class TensorFS(Operations):
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list:
-        return list(self._xattrs(self._node(ino)))
+        return list(self._xattrs(self._node(ino)))     # PID_XATTR: asked for, never listed
 
     @staticmethod
     def _xattrs(node):

@@ -296,8 +296,10 @@ class RemoteSource(Source):
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         if self.broken is not None:
             raise FetchError("version", self.broken)
-        return self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
+        data = self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
                                                                 self.version, timeout), deadline)
+        mount_status.read_ok(self.path)             # list: serving again, if it was degraded
+        return data
 
     def _retry(self, attempt, deadline: float):
         """``attempt(timeout)``, again after a transient fault (connection, timeout, 5xx,
