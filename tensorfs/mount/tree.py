@@ -23,7 +23,7 @@ from tensorfs.model import Model
 from tensorfs.mount.longwork import LongWork
 from tensorfs.mount.metadata_files import add_metadata_files
 from tensorfs.mount.metadata_json import metadata_json_pieces
-from tensorfs.runtime import mount_device
+from tensorfs.runtime import descriptor_of, mount_device
 from tensorfs.sources.local import ModelSource
 from tensorfs.views.byteviews import (
     ConvertedView,
@@ -70,11 +70,13 @@ class MountedModel:
         getattr(self.model.companions, "say_refused", lambda: None)()
         remote = [s.abort for s in self.sources.values() if s.remote]
         aborts = remote + ([self.long_work.stop] if self.long_work is not None else [])
-        if mountpoint and remote:
-            _watch_detach(mountpoint, aborts)
-        elif mountpoint and self.long_work is not None:
+        # /dev/fd/N names no entry of the mount table: nothing to watch for
+        watched = mountpoint if mountpoint and descriptor_of(mountpoint) is None else None
+        if watched and remote:
+            _watch_detach(watched, aborts)
+        elif watched and self.long_work is not None:
             # a local model's mount is watched only once an ask waits for long work
-            self.long_work.on_first_job = lambda: _watch_detach(mountpoint, aborts)
+            self.long_work.on_first_job = lambda: _watch_detach(watched, aborts)
         if self.measured_ahead:
             threading.Thread(target=self._measure_ahead, name="tensorfs-sizes",
                              daemon=True).start()
