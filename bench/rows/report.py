@@ -42,7 +42,7 @@ def machine() -> dict:
     except Exception:
         fusepy = "?"
     try:
-        from tensorfs.mount.fuse3 import libfuse
+        from tensorfs.fuse.loader import libfuse
         version = libfuse().version
         libfuse3 = f"{version // 100}.{version % 100}"
     except Exception:
@@ -219,7 +219,7 @@ def write_report(b: Bench, command: str, elapsed: float) -> None:
              f"{elapsed / 60:.1f} min, with:", "", "```", command, "```", "",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']} RAM, Linux {m['kernel']}, "
              f"Python {m['python']}, numpy {m['numpy']}; tensorfs on libfuse {m['libfuse3']} "
-             f"(low-level API, tensorfs/mount/fuse3.py), the passthrough reference on fusepy {m['fusepy']} "
+             f"(low-level API, tensorfs/fuse/), the passthrough reference on fusepy {m['fusepy']} "
              f"over libfuse 2 ({m['fusermount']}).  Cold reads drop the page cache with: "
              f"{b.drop_method or 'n/a'}.",
              *(f"Note: {note}." for note in b.notes),

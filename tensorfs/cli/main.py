@@ -27,7 +27,7 @@ from tensorfs.cli.parser import (
     usage_of,
 )
 from tensorfs.errors import ModelError, descriptor_limit_line, printable
-from tensorfs.mount.options import OptionError
+from tensorfs.fuse.options import OptionError
 from tensorfs.runtime import RuntimeDirError
 
 # The imports inside the functions below are there for start-up time: `tensorfs --help`,

@@ -77,9 +77,9 @@ def _fsname(model_path: str) -> str:
 
 
 def fuse_options(args, model_path: str):
-    """The mount's ``-o`` options, parsed once (``tensorfs.mount.options.MountOptions``):
+    """The mount's ``-o`` options, parsed once (``tensorfs.fuse.options.MountOptions``):
     the FUSE adapter and the binding take what they need from it."""
-    from tensorfs.mount import options as mountoptions
+    from tensorfs.fuse import options as mountoptions
 
     return mountoptions.parse(args.fuse_options, fsname=_fsname(model_path),
                               from_mount_helper=getattr(args, "from_mount_helper", False))
@@ -112,9 +112,9 @@ def _editor(args, mounted):
 def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None:
     """Runs in the serving process (the daemon, after the fork): start what must start
     there, then serve until unmounted."""
+    from tensorfs.fuse.loader import FuseUnavailable
     from tensorfs.loading.wholefiles import read_bits
     from tensorfs.mount.adapter import serve
-    from tensorfs.mount.fuse3 import FuseUnavailable
 
     log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
              plural(len(mounted.model.tensors), "tensor"))
@@ -146,9 +146,10 @@ def _load_fuse() -> None:
     """Import the FUSE adapter and load libfuse, for the serving process to inherit; a
     failure is left for that process to meet and say (``_serve``)."""
     try:
-        from tensorfs.mount import adapter, fuse3  # noqa: F401 (loaded for the daemon)
+        from tensorfs.fuse import loader
+        from tensorfs.mount import adapter  # noqa: F401 (loaded for the daemon)
 
-        fuse3.libfuse()
+        loader.libfuse()
     except Exception:                   # any exception: said where it is met again
         pass
 

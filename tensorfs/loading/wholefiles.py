@@ -33,7 +33,7 @@ inside the directory, or in a Hugging Face cache snapshot's own ``blobs/``
 (``tensorfs.sources.local.contained_problem``); anything but a regular file is not served.
 
 How a local file's bytes reach the reader (FUSE passthrough, splice, copy) is
-``tensorfs.mount.fuse3``'s business; a view here only says which descriptor holds them.
+``tensorfs.fuse.session``'s business; a view here only says which descriptor holds them.
 """
 
 from __future__ import annotations

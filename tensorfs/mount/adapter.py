@@ -1,7 +1,7 @@
 """The FUSE adapter: answers the kernel's questions about a ``Tree`` by inode number.
 
 It knows nothing of model formats; it could serve any tree of byte sources.  Errors from
-below are mapped to errno in one place (``errno_of``).  The C side is ``tensorfs.mount.fuse3``.
+below are mapped to errno in one place (``errno_of``).  The C side is ``tensorfs.fuse.session``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import itertools
 import logging
 import os
 
+from tensorfs.fuse.operations import Entry, FsError, Later, Operations
+from tensorfs.fuse.options import MountOptions
+from tensorfs.fuse.session import Session
 from tensorfs.mount.editable import EditRefused
-from tensorfs.mount.fuse3 import Entry, FsError, Session
-from tensorfs.mount.longwork import NotReady
-from tensorfs.mount.operations import Operations
-from tensorfs.mount.options import MountOptions
 from tensorfs.sources.source import SourceError
 from tensorfs.views.names import DirNode, FileNode, Tree
 
@@ -25,7 +24,7 @@ log = logging.getLogger("tensorfs")
 BLOCK_SIZE = 1 << 20
 
 # The kernel's read-ahead window on the mount: one libfuse 3 request (its largest), rather
-# than the 128 KiB default (tensorfs.mount.fuse3.Session._raise_read_ahead; benchmark row 1).
+# than the 128 KiB default (tensorfs.fuse.session.Session._raise_read_ahead; benchmark row 1).
 READ_AHEAD_KIB = 1024
 
 # TENSORFS_FD_REPLIES=1 turns on replies that name the model's descriptor (splice) where
@@ -168,7 +167,7 @@ class TensorFS(Operations):
 
     def open(self, ino: int) -> int | None:
         """A view that can say so refuses a file changed since the mount (EIO) here, and may
-        name the descriptor holding all of it (tensorfs.mount.fuse3: passthrough)."""
+        name the descriptor holding all of it (tensorfs.fuse.session: passthrough)."""
         return self._file_view(ino).open()
 
     def read_fd(self, ino: int, offset: int, size: int):
@@ -180,15 +179,12 @@ class TensorFS(Operations):
             raise FsError(errno.EISDIR)
         return node.view.read_into(offset, buf)
 
-    def getxattr(self, ino: int, name: str) -> bytes:
+    def getxattr(self, ino: int, name: str) -> bytes | Later:
         if ino == self.tree.root.ino and name == PID_XATTR:
             return str(os.getpid()).encode()    # the serving process: what unmount waits for
         xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
-            try:
-                return xattrs[name]
-            except NotReady:        # long work started by this ask: "ask again", not logged
-                raise FsError(errno.EAGAIN) from None
+            return xattrs[name]     # a Later where it needs long work (the sha256)
         if not name.startswith("user."):
             # "Not supported here", not "no such attribute": ls -l remembers it and stops
             # asking every file for its SELinux label and ACLs (a round trip each).
@@ -276,7 +272,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
-    once (``tensorfs.mount.options``); the timeouts and the thread count are answered here,
+    once (``tensorfs.fuse.options``); the timeouts and the thread count are answered here,
     ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md).  ``on_stop()``
     is called as soon as the mount is told to end, requests still in flight (``Session``)."""
     fs = TensorFS(tree, editor)

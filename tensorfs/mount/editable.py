@@ -127,6 +127,7 @@ class Editor:
         self.cache = mounted.cache
         self.budget = mounted.budget
         self.pool = mounted.pool
+        self.long_work = mounted.long_work      # an edited tensor's sha256, as the model's
         self.layout = layout
         self.store = store
         self.lock = threading.RLock()
@@ -343,8 +344,10 @@ class Editor:
             if n is not None:
                 is_raw = self._is_raw(n)
                 n.view = raw if is_raw else view
-                # the raw file's sha256 is of its bytes now, not of the model's
-                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None)
+                # the raw file's sha256 is of its bytes now, not of the model's, hashed
+                # as the model's are (a large one by the mount's long work, no thread held)
+                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None,
+                                        self.long_work)
                 self._touch(n)
 
     def _place_dir(self, path: str) -> DirNode:

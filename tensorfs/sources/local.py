@@ -213,7 +213,7 @@ class ModelSource(Source):
     def vouch(self, offset: int = 0, size: int = 0) -> None:
         """The bytes ``[offset, offset + size)`` are still the file's bytes at mount time, or
         ``SourceError`` (EIO): for a reader that is given the descriptor rather than the
-        bytes (tensorfs.mount.fuse3: splice, FUSE passthrough), checked before it reads."""
+        bytes (tensorfs.fuse.session: splice, FUSE passthrough), checked before it reads."""
         self._admit(offset, size)
         self._verify(offset, size)
 

@@ -113,7 +113,7 @@ class RawView(View):
         """A file changed since the mount is refused at open (EIO), as at a read."""
         self.source.vouch()
 
-    # A local file's bytes are named, not copied: tensorfs.mount.fuse3 replies with the descriptor
+    # A local file's bytes are named, not copied: tensorfs.fuse.session replies with the descriptor
     # and offset (splice), so a raw read never passes through Python (benchmark W3).
     def read_fd(self, offset: int, size: int):
         fd = self.source.local_fd
@@ -400,7 +400,7 @@ class _ChunkBuffers:
 _BUFFERS = _ChunkBuffers(keep=STREAM_BYTES // CHUNK_OUTPUT_BYTES)
 # Stored bytes of the blocks being converted, read into a reused buffer.  Shared, not per
 # thread: libfuse threads come and go, and a buffer per thread would go with them only if
-# their Python thread state did (it does not: tensorfs.mount.fuse3.Session._guarded keeps it).
+# their Python thread state did (it does not: tensorfs.fuse.session.Session._guarded keeps it).
 _SCRATCH = _ChunkBuffers(keep=8)
 
 
