@@ -88,6 +88,12 @@ class View(ABC):
         where they are not in a local file."""
         return None
 
+    def snapshot(self) -> View | None:
+        """What an open of this file reads for its whole life, where that is fixed at open
+        (a version of an edited model file: ``tensorfs.mount.editable.ComposedView``);
+        None: each read reads the file as it is then."""
+        return None
+
 
 class RawView(View):
     """A byte range of a source, served as stored."""
