@@ -12,6 +12,7 @@ tensor, read by GGUFReader and safe_open.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import mmap
@@ -203,18 +204,17 @@ def test_each_open_of_files_reads_one_version(tmp_path, mount):
     mnt = mount(kind.model, "--edits", tmp_path / "fixes")
     served = mnt / "files" / kind.file
     first_ino = served.stat().st_ino
-    with open(served, "rb") as before, open(served, "rb") as mapped_file:
+    with open(served, "rb") as before, open(served, "rb") as mapped_file, \
+            mmap.mmap(mapped_file.fileno(), 0, prot=mmap.PROT_READ) as mapped:
         start = before.read(1 << 16)
-        mapped = mmap.mmap(mapped_file.fileno(), 0, prot=mmap.PROT_READ)
         assert mapped[:1 << 16] == old[:1 << 16]
         _rename_model(mnt, "a much longer name that moves every tensor")
         new = served.read_bytes()
-        assert served.stat().st_ino != first_ino
         assert new != old and len(new) != len(old)
         rest = before.read()
         assert start + rest == old
         assert mapped[:] == old
-        mapped.close()
+        assert served.stat().st_ino != first_ino      # how: a new version, as by rename
     reference = kind.reference(tmp_path / "reference.gguf", kind.norm,
                                "a much longer name that moves every tensor")
     assert new == reference.read_bytes()
@@ -268,26 +268,49 @@ def test_a_copy_racing_edits_is_one_version_whole(tmp_path, mount):
     assert [i for i, copy in enumerate(copies) if copy not in versions] == []
 
 
+def _libc_map(fd: int, size: int):
+    """A shared writable map of ``fd`` by libc itself: unlike Python's mmap, which keeps a
+    descriptor of its own until it is closed, it holds none (the kernel's map holds the
+    file, as a C program's does)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    addr = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    return libc, addr
+
+
 @pytest.mark.parametrize("sync", ["msync", "munmap"])
 def test_a_shared_map_written_after_close_is_kept(tmp_path, mount, sync):
+    """Pages of a shared map written after the descriptor's close: kept at msync (Python's
+    mmap.flush), and at munmap of a map that holds no descriptor (what the kernel's last
+    release of the file follows)."""
     kind = Kind("gguf", tmp_path)
     mnt = mount(kind.model, "--edits", tmp_path / "fixes")
     path = mnt / "norm" / "weight"
     new = (kind.norm - 2).astype(np.float32)
-    fd = os.open(path, os.O_RDWR)
-    mapped = mmap.mmap(fd, new.nbytes)
-    os.close(fd)
-    mapped[:] = new.tobytes()
 
     def kept() -> bool:
         return np.array_equal(kind.tensor_of(mnt / "files" / kind.file, "norm.weight"), new)
 
+    fd = os.open(path, os.O_RDWR)
     if sync == "msync":
-        mapped.flush()
-        assert kept()               # before the map is gone
-        mapped.close()
+        mapped = mmap.mmap(fd, new.nbytes)
+        os.close(fd)
+        try:
+            mapped[:] = new.tobytes()
+            mapped.flush()
+            assert kept()               # before the map is gone
+        finally:
+            mapped.close()
     else:
-        mapped.close()
+        libc, addr = _libc_map(fd, new.nbytes)
+        os.close(fd)
+        ctypes.memmove(addr, new.tobytes(), new.nbytes)
+        assert libc.munmap(addr, new.nbytes) == 0
         assert wait_for(kept)
     assert path.read_bytes() == new.tobytes()
     reference = kind.reference(tmp_path / "reference.gguf", new)

@@ -8,11 +8,14 @@ to the model, and the tree kept true to the edits (docs/editing.md).
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
   with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
   ``rm`` of either removes the tensor, ``mv`` renames it.
-- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a snapshot per open.
+- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a new version (a
+  new inode) at each edit, so that an open reads one version whole.
 
 Each change is kept by the ``EditStore`` first (atomically), then shown.  The FUSE adapter
-(``tensorfs.mount.adapter``) calls in with nodes and handles; nothing here knows about FUSE, and
-errors are ``EditRefused(errno, why)``: the why is logged, the errno answered.
+(``tensorfs.mount.adapter``) calls in with nodes, and keeps the opens this module gives
+(``OpenFile``: ``ReadHandle``, a ``WriteHandle`` per kind of file), calling them by type;
+nothing here knows about FUSE, and errors are ``EditRefused(errno, why)``: the why is logged,
+the errno answered.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import (
@@ -371,10 +375,10 @@ class Editor:
         self.mtime_ns = time.time_ns()
         self.version = itertools.count(1)
         # set by the FUSE adapter: called with the nodes an edit changed, after the edit
-        self.on_change = None
+        self.on_change: Callable[[list], None] | None = None
         self._changed: list = []
         self._depth = 0
-        self._ghost = None          # (directory, name, node): see ``ghost``
+        self._ghost: tuple | None = None    # (directory, name, node): see ``ghost``
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
@@ -1140,6 +1144,7 @@ class ComposedView(View):
     an edit makes a new node (``Editor._new_versions``), so an open reads one version."""
 
     cheap_size = True
+    mtime_ns: int | None
 
     def __init__(self, editor: Editor, path: str, state: EditState,
                  composed: ComposedFile | None = None):
@@ -1182,6 +1187,7 @@ class IndexView(View):
     as ``ComposedView``."""
 
     cheap_size = True
+    mtime_ns: int | None
 
     def __init__(self, editor: Editor, state: EditState):
         self.editor = editor
