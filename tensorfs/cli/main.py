@@ -74,7 +74,7 @@ def usage_line(parser: argparse.ArgumentParser) -> str:
     for action in parser._actions:
         if action.option_strings:
             continue
-        name = action.metavar or action.dest.upper()
+        name = str(action.metavar or action.dest.upper())
         operands.append(f"[{name} ...]" if action.nargs == "*" else name)
     return f"usage: {parser.prog} [OPTIONS] {' '.join(operands)}  ({parser.prog} --help)"
 
@@ -372,13 +372,13 @@ def _remote_settings(args, cache):
                            timeout=args.timeout, cache=cache, disk_cache=disk_cache)
 
 
-def _say_error(text: str) -> None:
+def _say_error(text: object) -> None:
     """The one error line, escaped as a whole: the last line of defence against a name
     that carries ESC or BEL to the terminal."""
     _say("error", text)
 
 
-def _say(what: str, text: str) -> None:
+def _say(what: str, text: object) -> None:
     line = f"tensorfs: {what}: " + one_line_bounded(str(text))
     try:
         sys.stderr.write(line + "\n")
@@ -483,7 +483,8 @@ def main(argv=None) -> int:
             return facts_main(args, _say_error, debug)
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
-        _say_usage(_usage_of(parser, args, argv) or getattr(error, "usage", None)
+        _say_usage(_usage_of(parser, args, argv)
+                   or (error.usage if isinstance(error, UsageError) else None)
                    or (usage_line(parser) if parser is not None else None))
         _say_error(error)
         return 2
@@ -854,7 +855,7 @@ def cmd_list(args) -> int:
         return 0
     if not rows:
         return 0
-    table = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
+    table: list[tuple[str, ...]] = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
     for row in rows:
         table.append(tuple(printable(str(v if v is not None else "-")) for v in
                            (row["mountpoint"], row["source"], row["pid"], row["tensors"],

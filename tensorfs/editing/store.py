@@ -131,6 +131,9 @@ class DataFile(Source):
     ``.npy`` read it as they read a model file).  The descriptor outlives a later
     replacement (its file is removed, a reader of an earlier composition still reads it)."""
 
+    name: str
+    size: int
+
     def __init__(self, fd: int, size: int, name: str):
         self.fd = fd
         self.size = size
