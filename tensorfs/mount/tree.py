@@ -16,7 +16,7 @@ from tensorfs.cache import ByteLRU
 from tensorfs.convert.plan import Plans, ViewPlan
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool
 from tensorfs.errors import ModelError
-from tensorfs.loading.wholefiles import whole_file_views
+from tensorfs.loading.wholefiles import Companions, whole_file_views
 from tensorfs.model import Model
 from tensorfs.mount.longwork import LongWork
 from tensorfs.mount.metadata_files import add_metadata_files
@@ -51,7 +51,7 @@ class MountedModel:
     long_work: LongWork | None = None   # what no request waits for (the sha256 xattr)
     # generated files whose size costs generating them whole (metadata.json: O(model)):
     # learnt in the background from the start, so that a stat seldom waits for it
-    measured_ahead: tuple = ()
+    measured_ahead: tuple[GeneratedView, ...] = ()
     budget: MemoryBudget | None = None  # what views made later (an edited tensor's) serve from
 
     def start(self, mountpoint: str | None = None) -> None:
@@ -65,7 +65,8 @@ class MountedModel:
         for companion in self.model.companions:
             companion.start()
         # a directory's companions say at once which files they left out (tensorfs.loading.wholefiles)
-        getattr(self.model.companions, "say_refused", lambda: None)()
+        if isinstance(self.model.companions, Companions):
+            self.model.companions.say_refused()
         aborts = [s.abort for s in self.sources.values() if s.remote]
         if mountpoint and aborts:
             threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
@@ -89,7 +90,7 @@ class MountedModel:
             try:
                 _ = view.size               # learnt once, kept by the view
             except Exception as error:
-                log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
+                log.debug("%s: size not learnt ahead: %s", view.key, error)
 
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
@@ -109,10 +110,8 @@ class MountedModel:
             self.long_work.stop()
         for view in self.measured_ahead:
             view.stop()
-        for source in list(self.sources.values()) + list(self.model.companions):
-            abort = getattr(source, "abort", None)
-            if abort is not None:
-                abort()
+        for source in self.sources.values():
+            source.abort()
 
     def close(self) -> None:
         if self.long_work is not None:
