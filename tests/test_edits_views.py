@@ -89,6 +89,12 @@ def kind(request, tmp_path):
     return Kind(request.param, tmp_path)
 
 
+def _tensorfs_out(*args) -> str:
+    result = run_tensorfs(*args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def _hash_lines(path: Path) -> list[str]:
     result = run_tensorfs("hash", "--sha256", path)
     assert result.returncode == 0, result.stderr
@@ -139,6 +145,7 @@ def _check_views(kind: Kind, mnt: Path, want: np.ndarray, reference: Path) -> No
     shown = json.loads((mnt / "metadata.json").read_text())["tensors"]["norm.weight"]
     assert (shown["dtype"], shown["shape"], shown["nbytes"]) == ("F32", [64], 256)
     assert _hash_lines(served) == _hash_lines(reference)
+    assert _tensorfs_out("stats", "--tsv", served) == _tensorfs_out("stats", "--tsv", reference)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
