@@ -770,16 +770,12 @@ class Editor:
                 self._forget_old()
 
     def _forget_old(self) -> None:
-        """Forget the oldest versions of files/ beyond the last ``OLD_VERSIONS_KEPT``
-        that no reader holds."""
-        excess = len(self._old) - OLD_VERSIONS_KEPT
-        for ino in list(self._old):
-            if excess <= 0:
-                break
-            if not self._readers.get(ino):
-                del self._old[ino]
-                self.tree.forget(ino)
-                excess -= 1
+        """Forget the versions of files/ that no reader holds, but the last
+        ``OLD_VERSIONS_KEPT`` of them."""
+        unread = [ino for ino in self._old if not self._readers.get(ino)]
+        for ino in unread[:max(0, len(unread) - OLD_VERSIONS_KEPT)]:
+            del self._old[ino]
+            self.tree.forget(ino)
 
     def writer(self, node) -> WriteHandle | None:
         """The write session open on ``node``, or None."""
