@@ -1215,4 +1215,5 @@ def text_of(value) -> bytes:
     return scalar_text(value.value())
 
 
-__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "edited_tensors"]
+__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "MetadataWrite", "NpyWrite",
+           "OpenFile", "RawWrite", "ReadHandle", "WriteHandle", "edited_tensors"]
