@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import io
 import json
 import mmap
 import os
@@ -197,6 +198,23 @@ def test_a_program_reads_its_own_writes_before_it_closes(tmp_path, mount):
     assert path.read_bytes() == bytes(expect)
     got = kind.tensor_of(mnt / "files" / kind.file, "big.weight")
     assert got.tobytes() == bytes(expect)
+    # a metadata file and an .npy likewise
+    for name, data in (("metadata/general.name", b"new name\n"), ("norm/weight.npy", None)):
+        target = mnt / name
+        if data is None:
+            out = io.BytesIO()
+            np.save(out, kind.norm + 1)
+            data = out.getvalue()
+        fd = os.open(target, os.O_RDWR | os.O_TRUNC)
+        try:
+            assert os.pwrite(fd, data, 0) == len(data)
+            assert os.pread(fd, len(data) + 10, 0) == data
+            assert target.read_bytes() == data
+            assert os.fstat(fd).st_size == target.stat().st_size == len(data)
+        finally:
+            os.close(fd)
+    assert (mnt / "metadata" / "general.name").read_bytes() == b"new name\n"
+    assert np.array_equal(np.load(mnt / "norm" / "weight.npy"), kind.norm + 1)
 
 
 def _rename_model(mnt: Path, name: str) -> None:

@@ -100,8 +100,13 @@ class TensorFS(Operations):
         editor = self.editor
         if editor is not None:
             entry = self._plain_entry(node, listing)
-            # every node's time is the last edit's: the kernel then drops the pages and
-            # listings it cached of a file or directory an edit may have changed
+            # a file being written is the size written (the kernel takes the size of every
+            # answer, a lookup's too); every node's time is the last edit's: the kernel then
+            # drops the pages and listings it cached of a file or directory an edit may
+            # have changed
+            writing = editor.writer(node) if isinstance(node, FileNode) else None
+            if writing is not None:
+                entry = entry._replace(size=writing.size)
             return entry._replace(writable=editor.writable(node),
                                   mtime_ns=entry.mtime_ns or editor.mtime_ns)
         return self._plain_entry(node, listing)
@@ -140,10 +145,6 @@ class TensorFS(Operations):
         handle = self._handles.get(fh) if fh else None
         if handle is not None:                  # the size that open sees
             return entry._replace(size=handle.size)
-        if self.editor is not None and isinstance(node, FileNode):
-            writing = self.editor.writer(node)
-            if writing is not None:             # a file being written: its size now
-                return entry._replace(size=writing.size)
         return entry
 
     def listing(self, ino: int) -> list:
