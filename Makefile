@@ -1,5 +1,6 @@
 # make demo: install what is missing, mount a bundled sample model, look around, unmount.
-# make test: the same install plus the test dependencies, then the whole suite.
+# make test: the same install plus the test dependencies, then the linter, the type checker
+# (mypy) and the whole suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -106,6 +107,7 @@ demo: venv
 
 test: test-venv clients-venv llama-gguf-hash
 	$(BIN)/ruff check tensorfs tests bench tools examples
+	$(BIN)/mypy
 	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
 
 # llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from

@@ -33,7 +33,7 @@ from tensorfs.errors import ModelError
 from tensorfs.loading.loader import load_model
 from tensorfs.loading.wholefiles import whole_file_views
 from tensorfs.model import Model, TensorInfo
-from tensorfs.sources.local import ModelSource
+from tensorfs.sources.local import ModelSource, Source
 from tensorfs.sources.urls import remote_settings
 
 __all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
@@ -160,7 +160,7 @@ class OpenModel:
         return self.model.files[0].format
 
     # -- tensors ---------------------------------------------------------------------------
-    def _tensor(self, name: str) -> tuple[TensorInfo, object]:
+    def _tensor(self, name: str) -> tuple[TensorInfo, Source]:
         if self._sources is None:
             raise ValueError("the model is closed")
         try:
@@ -229,7 +229,7 @@ class OpenModel:
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:

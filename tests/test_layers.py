@@ -24,8 +24,9 @@ LAYERS = [
     "fuse",         # fuse/: the libfuse binding (ABI, loader, session, Operations, -o): core only
     "formats",      # formats/: the parsers, bytes in, a ModelFile out
     "convert",      # convert/: stored types to float32, each tensor's view plan, the workers
-    "editing",      # editing/: the edit store in DIR and the composer of an edited file
     "sources",      # sources/: where the bytes live: local files, URLs, transports, caches
+    "editing",      # editing/: the edit store in DIR and the composer of an edited file
+    #                 (a replacement's bytes are a ``Source``)
     "views",        # views/: byte views of a source, and the naming rule that places them
     "loading",      # loading/: a model loaded: its shards, its files whole
     "api",          # api.py: the Python API

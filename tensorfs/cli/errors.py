@@ -24,13 +24,13 @@ class UsageError(Exception):
         self.usage = usage
 
 
-def say_error(text: str) -> None:
+def say_error(text: object) -> None:
     """The one error line, escaped as a whole: the last line of defence against a name
     that carries ESC or BEL to the terminal."""
     say("error", text)
 
 
-def say(what: str, text: str) -> None:
+def say(what: str, text: object) -> None:
     line = f"tensorfs: {what}: " + one_line_bounded(str(text))
     try:
         sys.stderr.write(line + "\n")

@@ -85,8 +85,9 @@ def main(argv=None) -> int:
 
         return cmd_inspect(args)
     except (UsageError, OptionError) as error:
-        say_usage(usage_of(parser, args, argv) or getattr(error, "usage", None)
-                   or (usage_line(parser) if parser is not None else None))
+        say_usage(usage_of(parser, args, argv)
+                  or (error.usage if isinstance(error, UsageError) else None)
+                  or (usage_line(parser) if parser is not None else None))
         say_error(error)
         return 2
     except (ModelError, UserError, DaemonError, RuntimeDirError) as error:
@@ -175,7 +176,7 @@ def cmd_list(args) -> int:
         return 0
     if not rows:
         return 0
-    table = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
+    table: list[tuple[str, ...]] = [("MOUNTPOINT", "SOURCE", "PID", "TENSORS", "STATE")]
     for row in rows:
         table.append(tuple(printable(str(v if v is not None else "-")) for v in
                            (row["mountpoint"], row["source"], row["pid"], row["tensors"],

@@ -41,7 +41,7 @@ def usage_line(parser: argparse.ArgumentParser) -> str:
     for action in parser._actions:
         if action.option_strings:
             continue
-        name = action.metavar or action.dest.upper()
+        name = str(action.metavar or action.dest.upper())
         operands.append(f"[{name} ...]" if action.nargs == "*" else name)
     return f"usage: {parser.prog} [OPTIONS] {' '.join(operands)}  ({parser.prog} --help)"
 

@@ -51,7 +51,8 @@ def read_converted(source: Readable, offset: int, conversion: Conversion, first_
     then converted into ``out``."""
     length = n_blocks * conversion.block_bytes
     raw = scratch[:length]
-    source.read_into(offset + first_block * conversion.block_bytes, memoryview(raw))
+    source.read_into(offset + first_block * conversion.block_bytes,
+                     memoryview(raw))  # type: ignore[arg-type]
     return convert_blocks(conversion, raw, out)
 
 

@@ -56,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 log = logging.getLogger("tensorfs")
 
@@ -624,7 +625,7 @@ def worker_main(argv: list[str]) -> int:
     from tensorfs.convert import conversion_from_spec
     from tensorfs.convert.blocks import convert_blocks
 
-    conversions: dict[bytes, object] = {}
+    conversions: dict[bytes, Any] = {}      # tensorfs.convert.Conversion
     try:
         sock.send(b"ready")
     except OSError:

@@ -216,7 +216,8 @@ def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None
         label = _short(next(n for n, i in kinds.items() if i == k), 40) if k is not None \
             else "outside the layers" if kinds else "tensor"
         for panel in panels:
-            here = [(x, y_of(v)[1]) for x, v in pts if y_of(v)[0] == panel]
+            here: list[tuple[float, float]] = [(x, y_of(v)[1]) for x, v in pts
+                                               if y_of(v)[0] == panel]
             if not here:
                 continue
             if panel == "main":     # a line joins neighbouring layers only

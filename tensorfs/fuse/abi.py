@@ -168,6 +168,7 @@ CALLBACK_TYPES = {
     "write": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_size_t,
                               ctypes.c_int64, fi_p),
     "flush": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
+    "fsync": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_int, fi_p),
     "release": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
     "create": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_uint32, fi_p),
     "setxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_void_p,

@@ -1,11 +1,18 @@
 """What a filesystem answers to be served by ``tensorfs.fuse.session.Session``: one method per
-request of the kernel's, by inode number, as pyfuse3's ``Operations`` has.
+request of the kernel's, by inode number, as pyfuse3's ``Operations`` has.  Every method the
+session calls is declared here.
 
 The session calls these from libfuse's threads, several at once.  A handler answers with
 its return value; ``FsError(errno)`` raised by one is answered as that errno, and any other
 exception goes through ``errno_of``, which maps it (and may log it).  The defaults here
-answer as a filesystem without the feature would: no such entry, no extended attributes,
-no descriptor to hand the kernel.
+answer as a read-only filesystem would: no such entry, no extended attributes, no
+descriptor to hand the kernel, and EROFS to every change.
+
+A mount without ``--edits`` is served by the first group (``lookup`` to ``listxattr``); an
+editable one (``Session(editable=True)``) opens with a handle number instead
+(``open_read``, ``open_write``, ``create``), reads through it (``read_handle``) and takes
+the changes (``write`` to ``setxattr``).  ``fh`` is a handle number this filesystem gave at
+open (0: none); the kernel sends it back with every request on that open.
 
 A handler whose answer needs work that must not hold a libfuse thread (``getxattr``) may
 return a ``Later`` instead: the session keeps the request and answers it when the ``Later``
@@ -93,23 +100,27 @@ class Operations:
         ``FsError`` (which is answered as it is).  Logging it is the filesystem's choice."""
         return errno.EIO
 
+    # -- every mount ---------------------------------------------------------------------------
     def lookup(self, parent: int, name: str) -> Entry:
         """The entry ``name`` in directory ``parent`` (FUSE_LOOKUP); ``FsError(ENOENT)`` if
         there is none.  The kernel keeps the answer for the session's entry timeout."""
         raise FsError(errno.ENOENT)
 
-    def getattr(self, ino: int) -> Entry:
-        """The attributes of ``ino`` (FUSE_GETATTR): what ``stat`` shows."""
+    def getattr(self, ino: int, fh: int = 0) -> Entry:
+        """The attributes of ``ino`` (FUSE_GETATTR, and the answer to FUSE_SETATTR): what
+        ``stat`` shows; ``fh``, where the kernel names an open, the size that open sees
+        (a file being written)."""
         raise FsError(errno.ENOENT)
 
     def listing(self, ino: int) -> list[tuple[str, Entry]]:
         """The entries of directory ``ino`` after "." and "..", as ``(name, Entry)``
         (FUSE_READDIRPLUS).  An ``Entry`` of size None is listed without attributes (the
-        kernel asks ``getattr`` when it needs them)."""
+        kernel asks ``getattr`` when it needs them).  ``FsError(ENOTDIR)`` for a file."""
         raise FsError(errno.ENOTDIR)
 
     def open(self, ino: int) -> int | None:
-        """May file ``ino`` be opened (FUSE_OPEN)?  Raise to refuse.  A descriptor holding
+        """May file ``ino`` be opened (FUSE_OPEN, read-only mount)?  Raise to refuse
+        (``FsError(EISDIR)``, EIO for a file changed under the mount).  A descriptor holding
         all of its bytes at their own offsets lets the kernel read it itself (FUSE
         passthrough, where the kernel and libfuse have it); None: reads come here."""
         return None
@@ -126,11 +137,77 @@ class Operations:
         raise FsError(errno.EIO)
 
     def getxattr(self, ino: int, name: str) -> bytes | Later:
-        """The extended attribute ``name`` of ``ino``: ``FsError(ENODATA)`` if it has none
-        of that name, ``FsError(EOPNOTSUPP)`` for a namespace it does not serve; a
-        ``Later`` settled with the bytes where they need long work."""
+        """The extended attribute ``name`` of ``ino`` (FUSE_GETXATTR): ``FsError(ENODATA)``
+        if it has none of that name, ``FsError(EOPNOTSUPP)`` for a namespace it does not
+        serve; a ``Later`` settled with the bytes where they need long work."""
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list[str]:
-        """The names of the extended attributes of ``ino``."""
+        """The names of the extended attributes of ``ino`` (FUSE_LISTXATTR)."""
         return []
+
+    # -- an editable mount: opens with a handle ------------------------------------------------
+    def open_read(self, ino: int) -> int:
+        """Open file ``ino`` for reading (FUSE_OPEN, O_RDONLY): the handle number its reads
+        come with, 0 for none.  Refused as ``open`` refuses."""
+        self.open(ino)
+        return 0
+
+    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int:
+        """FUSE_READ through the open ``fh``: as ``read_into``, the bytes that open sees
+        (its version of a file, a write session's bytes)."""
+        return self.read_into(ino, offset, buf)
+
+    def open_write(self, ino: int, truncate: bool) -> int:
+        """Open file ``ino`` for writing (FUSE_OPEN, O_WRONLY or O_RDWR; ``truncate``:
+        O_TRUNC): its handle number.  ``FsError(EROFS)`` where nothing is writable,
+        EACCES for a file that is not, EISDIR for a directory."""
+        raise FsError(errno.EROFS)
+
+    def create(self, parent: int, name: str) -> tuple[Entry, int]:
+        """Make file ``name`` in directory ``parent``, open for writing (FUSE_CREATE): its
+        entry and handle number.  EEXIST if it exists, EPERM where no file may be made."""
+        raise FsError(errno.EROFS)
+
+    def write(self, ino: int, fh: int, offset: int, data: bytes) -> int:
+        """Write ``data`` at ``offset`` through the open ``fh`` (FUSE_WRITE): how many bytes
+        were taken (all of them).  EFBIG past what the file may hold, EINVAL for text its
+        key cannot hold, EBADF for an open not for writing."""
+        raise FsError(errno.EROFS)
+
+    def flush(self, ino: int, fh: int) -> None:
+        """A ``close()`` of a descriptor of the open ``fh`` (FUSE_FLUSH); what it raises is
+        what ``close`` returns.  A file being written takes effect here."""
+
+    def fsync(self, ino: int, fh: int) -> None:
+        """``fsync``, ``fdatasync`` or ``msync`` of the open ``fh`` (FUSE_FSYNC); what it
+        raises is what the call returns."""
+
+    def release(self, ino: int, fh: int) -> None:
+        """The open ``fh`` is gone: no descriptor and no memory map holds it (FUSE_RELEASE).
+        Nobody hears its answer."""
+
+    def truncate(self, ino: int, size: int, fh: int) -> None:
+        """Make ``ino`` ``size`` bytes long (FUSE_SETATTR with a size; ``fh``: the open it
+        came through, 0 for ``truncate PATH``).  EINVAL where the size cannot change."""
+        raise FsError(errno.EROFS)
+
+    def unlink(self, parent: int, name: str) -> None:
+        """Remove file ``name`` of directory ``parent`` (FUSE_UNLINK): ENOENT, EISDIR, EPERM
+        as a disk filesystem answers."""
+        raise FsError(errno.EROFS)
+
+    def rmdir(self, parent: int, name: str) -> None:
+        """Remove the empty directory ``name`` of ``parent`` (FUSE_RMDIR): ENOTEMPTY,
+        ENOTDIR, EPERM."""
+        raise FsError(errno.EROFS)
+
+    def rename(self, parent: int, name: str, new_parent: int, new_name: str) -> None:
+        """Move ``name`` of ``parent`` to ``new_name`` of ``new_parent`` (FUSE_RENAME, no
+        flags): EEXIST, EXDEV, EPERM, EINVAL where it cannot."""
+        raise FsError(errno.EROFS)
+
+    def setxattr(self, ino: int, name: str, value: bytes) -> None:
+        """Set the extended attribute ``name`` of ``ino`` (FUSE_SETXATTR): EPERM for a
+        ``user.`` name it does not take, EOPNOTSUPP for another namespace."""
+        raise FsError(errno.EROFS)

@@ -494,7 +494,8 @@ class Session:
         under allow_other another user may read, never edit."""
         g = self._guarded
         return {"open": g(self._open_editable), "read": g(self._read_editable),
-                "write": g(self._write), "flush": g(self._flush), "release": g(self._release),
+                "write": g(self._write), "flush": g(self._flush), "fsync": g(self._fsync),
+                "release": g(self._release),
                 "create": g(self._create), "setattr": g(self._setattr),
                 "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
                 "setxattr": g(self._setxattr)}
@@ -570,6 +571,10 @@ class Session:
 
     def _flush(self, req, ino, fi):
         self.fs.flush(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
+    def _fsync(self, req, ino, datasync, fi):
+        self.fs.fsync(ino, self._fh(fi))
         self.lib.fuse_reply_err(req, 0)
 
     def _release(self, req, ino, fi):

@@ -18,7 +18,7 @@ from tensorfs.convert.plan import Plans, ViewPlan
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool
 from tensorfs.errors import ModelError
 from tensorfs.fuse.operations import Later
-from tensorfs.loading.wholefiles import whole_file_views
+from tensorfs.loading.wholefiles import Companions, whole_file_views
 from tensorfs.model import Model
 from tensorfs.mount.longwork import LongWork
 from tensorfs.mount.metadata_files import add_metadata_files
@@ -53,7 +53,7 @@ class MountedModel:
     long_work: LongWork | None = None   # what no request waits for (the sha256 xattr)
     # generated files whose size costs generating them whole (metadata.json: O(model)):
     # learnt in the background from the start, so that a stat seldom waits for it
-    measured_ahead: tuple = ()
+    measured_ahead: tuple[GeneratedView, ...] = ()
     budget: MemoryBudget | None = None  # what views made later (an edited tensor's) serve from
 
     def start(self, mountpoint: str | None = None) -> None:
@@ -67,7 +67,8 @@ class MountedModel:
         for companion in self.model.companions:
             companion.start()
         # a directory's companions say at once which files they left out (tensorfs.loading.wholefiles)
-        getattr(self.model.companions, "say_refused", lambda: None)()
+        if isinstance(self.model.companions, Companions):
+            self.model.companions.say_refused()
         remote = [s.abort for s in self.sources.values() if s.remote]
         aborts = remote + ([self.long_work.stop] if self.long_work is not None else [])
         # /dev/fd/N names no entry of the mount table: nothing to watch for
@@ -96,7 +97,7 @@ class MountedModel:
             try:
                 _ = view.size               # learnt once, kept by the view
             except Exception as error:
-                log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
+                log.debug("%s: size not learnt ahead: %s", view.key, error)
 
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
@@ -116,10 +117,8 @@ class MountedModel:
             self.long_work.stop()
         for view in self.measured_ahead:
             view.stop()
-        for source in list(self.sources.values()) + list(self.model.companions):
-            abort = getattr(source, "abort", None)
-            if abort is not None:
-                abort()
+        for source in self.sources.values():
+            source.abort()
 
     def close(self) -> None:
         if self.long_work is not None:

@@ -106,6 +106,8 @@ class DiskCache:
     them for all the mounts that share it.  ``get``/``get_into`` serve a verified block or
     nothing; ``put`` keeps one, or silently does not (a full disk, a busy lock)."""
 
+    _fd = -1        # until the directory is open (``__del__`` of one that failed to open)
+
     def __init__(self, directory: str, max_bytes: int):
         self.directory = os.path.abspath(directory)     # where the command ran (docs/remote.md)
         self.max_bytes = max_bytes
@@ -387,7 +389,7 @@ class DiskCache:
                     pass
 
     def __del__(self):
-        if getattr(self, "_fd", -1) >= 0:
+        if self._fd >= 0:
             self.close()
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
-from tensorfs.sources.local import ModelSource
+from tensorfs.sources.local import ModelSource, Source
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -68,7 +68,7 @@ class Location:
     parallel = 1                # shards whose headers are fetched at once
 
     def __init__(self):
-        self.opened: dict[str, object] = {}
+        self.opened: dict[str, Source] = {}
         # path -> the directory whose listing or index named it (``sibling``): such a file
         # must lie in that directory (a local one: ``tensorfs.sources.local.contained_problem``)
         self.named_beside: dict[str, str] = {}

@@ -142,6 +142,8 @@ class RemoteSource(Source):
     # fetches at most header + 1 MiB of each file (docs/remote.md)
     prefix_step = 1 << 20
     remote = True
+    name: str
+    size: int
 
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
                  disk: DiskCache | None, fetcher: Fetcher | None = None, cache=None):

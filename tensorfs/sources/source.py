@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
 
 
 class SourceError(OSError):
@@ -36,12 +37,18 @@ class Source(ABC):
     #: its bytes come over a network: a read may wait on a server, ``abort()`` ends the
     #: waits, ``blocks`` is its block cache (``tensorfs.sources.blockcache.BlockReader``)
     remote: bool = False
-    blocks = None
+    blocks: Any = None
 
-    #: how it is shown: a path, or a URL without credentials
-    name: str
-    #: the bytes it has, as at open time
-    size: int
+    if TYPE_CHECKING:       # an attribute or a property of each source (``size: int`` if set)
+        @property
+        @abstractmethod
+        def name(self) -> str:
+            """How it is shown: a path, or a URL without credentials."""
+
+        @property
+        @abstractmethod
+        def size(self) -> int:
+            """The bytes it has, as at open time."""
 
     @abstractmethod
     def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:

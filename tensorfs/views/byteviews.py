@@ -59,15 +59,31 @@ class View(ABC):
     """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
     default here, which a view overrides where it can do more."""
 
-    #: ``size`` costs next to nothing (a listing then gives it unasked); False where it may
-    #: have to generate content first
-    cheap_size: bool = True
-    #: the file's own mtime, or None for the mount's
-    mtime_ns: int | None = None
-    #: the file's own (mode bits, uid, gid) -- a local file of files/ keeps its source's --
-    #: or None for the mount's
-    owner: tuple[int, int, int] | None = None
-    size: int
+    # Each of these is a class attribute, an attribute set by the view (declared at class
+    # level: ``size: int``) or a property: the type checker reads them as properties.
+    if TYPE_CHECKING:
+        @property
+        @abstractmethod
+        def size(self) -> int:
+            """How many bytes the file has."""
+
+        @property
+        def cheap_size(self) -> bool:
+            """``size`` costs next to nothing (a listing then gives it unasked); False
+            where it may have to generate content first."""
+
+        @property
+        def mtime_ns(self) -> int | None:
+            """The file's own mtime, or None for the mount's."""
+
+        @property
+        def owner(self) -> tuple[int, int, int] | None:
+            """The file's own (mode bits, uid, gid) -- a local file of files/ keeps its
+            source's -- or None for the mount's."""
+    else:
+        cheap_size = True
+        mtime_ns = None
+        owner = None
 
     @abstractmethod
     def read(self, offset: int, size: int) -> bytes:
@@ -89,9 +105,17 @@ class View(ABC):
         where they are not in a local file."""
         return None
 
+    def snapshot(self) -> View | None:
+        """What an open of this file reads for its whole life, where that is fixed at open
+        (a version of an edited model file: ``tensorfs.mount.editable.ComposedView``);
+        None: each read reads the file as it is then."""
+        return None
+
 
 class RawView(View):
     """A byte range of a source, served as stored."""
+
+    size: int
 
     _span = None        # read-ahead stays inside the tensor the range is (blockcache)
 
@@ -456,6 +480,8 @@ class ConvertedView(View):
     (BF16, FP8) convert just the blocks a read covers, straight into the reader's buffer
     when the read is block-aligned (every kernel read is), and keep nothing.
     """
+
+    size: int
 
     cheap_size = True
 

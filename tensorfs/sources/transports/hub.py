@@ -86,7 +86,7 @@ def _bound_answers() -> None:
     hooks = client.event_hooks
     client.event_hooks = {"request": [*hooks.get("request", []), _ask_plain],
                           "response": [*hooks.get("response", []), _bound_body]}
-    client._tensorfs_bounded = True
+    client._tensorfs_bounded = True  # type: ignore[attr-defined]  # httpx's, tagged
 
 
 def trust_context(root_certificate: str | None):
@@ -137,6 +137,7 @@ def _trust_hub_client(root_certificate: str | None) -> None:
 
 class HubTransport(HttpTransport):
     etag_checked = False            # the commit pins the bytes (a CDN's ETag may differ)
+    commit: str | None = None       # the revision's, resolved at the first connect
     listable = True
 
     def normalize(self, path):
@@ -179,7 +180,7 @@ class HubTransport(HttpTransport):
         self.repo_id = f"{parts[0]}/{repo}"
         self.root = f"hf://{self.type_prefix}{parts[0]}/{parts[1]}"
         self.revision = revision or "main"
-        if not hasattr(self, "commit"):
+        if self.commit is None:         # resolved once, not again at a reopen (fork)
             self.commit = self._resolve()
         self._listings: dict[str, tuple[set, set]] = {}
         self._sizes: dict[str, dict[str, int]] = {}
