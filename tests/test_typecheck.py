@@ -1,5 +1,5 @@
-"""The FUSE contract is whole: every handler ``tensorfs.mount.fuse3.Session`` calls on its
-filesystem is declared, and documented, by ``tensorfs.mount.operations.Operations``, and the
+"""The FUSE contract is whole: every handler ``tensorfs.fuse.session.Session`` calls on its
+filesystem is declared, and documented, by ``tensorfs.fuse.operations.Operations``, and the
 adapter serves the mount through that interface (``make test`` also runs mypy over
 ``tensorfs/``: pyproject.toml ``[tool.mypy]``)."""
 
@@ -9,16 +9,16 @@ import ast
 import inspect
 from pathlib import Path
 
+from tensorfs.fuse.operations import Operations
 from tensorfs.mount.adapter import TensorFS
-from tensorfs.mount.operations import Operations
 
-FUSE3 = Path(__file__).resolve().parents[1] / "tensorfs" / "mount" / "fuse3.py"
+SESSION = Path(__file__).resolve().parents[1] / "tensorfs" / "fuse" / "session.py"
 
 
 def _called_on_fs() -> set[str]:
-    """The names of every ``self.fs.NAME(...)`` call in fuse3.py."""
+    """The names of every ``self.fs.NAME(...)`` call in session.py."""
     called = set()
-    for node in ast.walk(ast.parse(FUSE3.read_text())):
+    for node in ast.walk(ast.parse(SESSION.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
             if isinstance(owner, ast.Attribute) and owner.attr == "fs" \
