@@ -29,12 +29,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tensorfs.dtypes import GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
 from tensorfs.editing.store import EditState
+from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
+from tensorfs.formats.gguf_write import ValueWriter, check_alignment, check_tensor_name
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
-
-_TYPE_IDS = {name: tid for tid, (name, _, _) in GGUF_VALUE_TYPES.items()}
-DEFAULT_ALIGNMENT = 32
 
 
 class EditError(ValueError):
@@ -141,103 +139,40 @@ def edited_tensors(tensors, state: EditState) -> list[tuple[TensorInfo, object]]
 
 # -- GGUF ------------------------------------------------------------------------------------
 
-class _Encoder:
-    def __init__(self, order: str, v1: bool):
-        self.order = order
-        self.len_code = "I" if v1 else "Q"
-
-    def u32(self, n: int) -> bytes:
-        return struct.pack(self.order + "I", n)
-
-    def length(self, n: int) -> bytes:
-        return struct.pack(self.order + self.len_code, n)
-
-    def string(self, text: str) -> bytes:
-        try:
-            data = text.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            data = text.encode("utf-8", "surrogatepass")
-        return self.length(len(data)) + data
-
-    def scalar(self, type_name: str, value) -> bytes:
-        tid = _TYPE_IDS[type_name]
-        if type_name == "string":
-            return self.string(value)
-        fmt = GGUF_VALUE_TYPES[tid][1]
-        if isinstance(value, str):                  # "nan", "inf", "-inf"
-            value = float(value)
-        return struct.pack(self.order + fmt, value)
-
-    def array_body(self, type_name: str, items) -> bytes:
-        inner = type_name[len("array["):-1]
-        if inner.startswith("array"):
-            parts = [self.u32(GGUF_ARRAY), self.length(len(items))]
-            parts += [self.array_body(inner, x) for x in items]
-            return b"".join(parts)
-        if inner not in _TYPE_IDS or inner == "array":
-            raise EditError(f"an {type_name} cannot be written")
-        return b"".join([self.u32(_TYPE_IDS[inner]), self.length(len(items))]
-                        + [self.scalar(inner, x) for x in items])
-
-    def value(self, type_name: str, value) -> bytes:
-        """The value type id and the value, as stored after a key."""
-        if type_name.startswith("array"):
-            return self.u32(GGUF_ARRAY) + self.array_body(type_name, value)
-        if type_name not in _TYPE_IDS:
-            raise EditError(f"values of type {type_name} cannot be written")
-        return self.u32(_TYPE_IDS[type_name]) + self.scalar(type_name, value)
-
-
-def _skip_value(buf: bytes, pos: int, type_id: int, order: str, v1: bool) -> int:
-    step = 4 if v1 else 8
-    length = struct.Struct(order + ("I" if v1 else "Q")).unpack_from
-    if type_id == GGUF_STRING:
-        return pos + step + length(buf, pos)[0]
-    if type_id == GGUF_ARRAY:
-        elem = struct.unpack_from(order + "I", buf, pos)[0]
-        n = length(buf, pos + 4)[0]
-        pos += 4 + step
-        if elem == GGUF_STRING:
-            for _ in range(n):
-                pos += step + length(buf, pos)[0]
-            return pos
-        if elem == GGUF_ARRAY:
-            for _ in range(n):
-                pos = _skip_value(buf, pos, GGUF_ARRAY, order, v1)
-            return pos
-        return pos + n * GGUF_VALUE_TYPES[elem][2]
-    return pos + GGUF_VALUE_TYPES[type_id][2]
-
-
-def gguf_kv_spans(header: bytes, model_file: ModelFile) -> tuple[dict[str, tuple[int, int]], int]:
-    """key -> (start, end) of its whole entry (key, type, value) in ``header``, and where
-    the entries end; ``header`` was validated by the parser, so nothing is checked again."""
-    order = "<" if model_file.endianness == "little" else ">"
-    v1 = model_file.version == 1
-    step = 4 if v1 else 8
-    length = struct.Struct(order + ("I" if v1 else "Q")).unpack_from
-    pos = 8 + 2 * step
-    spans = {}
-    for _ in range(len(model_file.metadata)):
-        start = pos
-        n = length(header, pos)[0]
-        key = header[pos + step:pos + step + n].decode("utf-8")
-        pos += step + n
-        type_id = struct.unpack_from(order + "I", header, pos)[0]
-        pos = _skip_value(header, pos + 4, type_id, order, v1)
-        spans[key] = (start, pos)
-    return spans, pos
-
-
-def _alignment(metadata: dict) -> int:
+def _alignment(metadata: dict, state: EditState) -> int:
     value = metadata.get("general.alignment")
     if value is None:
         return DEFAULT_ALIGNMENT
-    alignment = value.value()
-    if value.type_name != "uint32" or not isinstance(alignment, int) or alignment <= 0 \
-            or alignment & (alignment - 1):
-        raise EditError("general.alignment must be a uint32 power of two")
-    return alignment
+    if "general.alignment" not in state.metadata:
+        return value.value()                # the model's own, as the parser accepted it
+    if value.type_name != "uint32":
+        raise EditError(f"general.alignment must be a uint32, not a {value.type_name}")
+    try:
+        return check_alignment(value.value())
+    except ValueError as error:
+        raise EditError(str(error)) from None
+
+
+def _check_edits(model_file: ModelFile, state: EditState) -> None:
+    """The names and keys an edit gives: what the format and its readers accept."""
+    for key, typed in state.metadata.items():
+        if not isinstance(key, str) or not key or "\0" in key:
+            raise EditError(f"metadata key {key!r}: a key is a non-empty string without NUL")
+        if model_file.format == "safetensors" and typed is not None \
+                and (typed[0] != "string" or not isinstance(typed[1], str)):
+            raise EditError(f"safetensors metadata holds strings only, not {typed[0]} ({key!r})")
+    for original, edit in state.tensors.items():
+        if edit.name is None or edit.name == original:
+            continue
+        if model_file.format == "gguf":
+            try:
+                check_tensor_name(edit.name)
+            except ValueError as error:
+                raise EditError(str(error)) from None
+        elif not isinstance(edit.name, str) or not edit.name or "\0" in edit.name \
+                or edit.name == "__metadata__":
+            raise EditError(f"{edit.name!r} cannot name a safetensors tensor (empty, a NUL, or "
+                            "the header's __metadata__)")
 
 
 def _pad(n: int, alignment: int) -> int:
@@ -249,12 +184,12 @@ def compose_gguf(model_file: ModelFile, header: bytes, source, state: EditState,
     """``header``: the file's first ``header_size`` bytes; ``data(name)``: a replacement's
     bytes (``read_into``)."""
     order = "<" if model_file.endianness == "little" else ">"
-    v1 = model_file.version == 1
-    enc = _Encoder(order, v1)
+    _check_edits(model_file, state)
+    enc = ValueWriter(order, model_file.version == 1)
     metadata = edited_metadata(model_file.metadata, state)
-    alignment = _alignment(metadata)
+    alignment = _alignment(metadata, state)
     tensors = edited_tensors(model_file.tensors, state)
-    spans, _ = gguf_kv_spans(header, model_file)
+    spans, _ = kv_spans(header, model_file)
 
     out = bytearray(header[:8])
     out += enc.length(len(tensors)) + enc.length(len(metadata))
@@ -264,7 +199,10 @@ def compose_gguf(model_file: ModelFile, header: bytes, source, state: EditState,
             start, end = spans[key]
             out += header[start:end]
         else:
-            out += enc.string(key) + enc.value(value.type_name, value.value())
+            try:
+                out += enc.string(key) + enc.value(value.type_name, value.value())
+            except ValueError as error:
+                raise EditError(f"metadata {key!r}: {error}") from None
     offsets = []
     rel = 0
     for t, _ in tensors:
@@ -297,11 +235,8 @@ def compose_gguf(model_file: ModelFile, header: bytes, source, state: EditState,
 
 def compose_safetensors(model_file: ModelFile, header: bytes, source, state: EditState,
                         data: Callable) -> ComposedFile:
+    _check_edits(model_file, state)
     metadata = edited_metadata(model_file.metadata, state)
-    for key, value in metadata.items():
-        if value.type_name != "string":
-            raise EditError(f"safetensors metadata holds strings only, not {value.type_name} "
-                            f"({key!r})")
     tensors = sorted(edited_tensors(model_file.tensors, state), key=lambda x: x[0].offset)
     doc: dict = {}
     if metadata:
