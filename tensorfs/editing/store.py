@@ -94,14 +94,49 @@ class EditState:
 
     @staticmethod
     def from_json(doc: dict) -> EditState:
-        metadata = {k: (None if v is None else (v["type"], v["value"]))
-                    for k, v in doc.get("metadata", {}).items()}
-        tensors = {k: TensorEdit(v.get("name"), v.get("data"))
-                   for k, v in doc.get("tensors", {}).items()}
-        for edit in tensors.values():
-            if edit.data is not None and not _DATA_NAME.fullmatch(edit.data):
-                raise ValueError(f"not a data file of the store: {edit.data!r}")
+        """The state a journal holds; ``ValueError`` (one line) for any entry not of the
+        shape ``to_json`` writes.  What the entries mean for the model (its keys, tensors,
+        types and sizes) is checked by the one who knows the model (``Editor``)."""
+        metadata_doc = _object(doc.get("metadata", {}), "metadata")
+        tensors_doc = _object(doc.get("tensors", {}), "tensors")
+        metadata = {}
+        for key, v in metadata_doc.items():
+            if v is None:
+                metadata[key] = None
+                continue
+            if not isinstance(v, dict) or set(v) != {"type", "value"} \
+                    or not isinstance(v["type"], str):
+                raise ValueError(f"metadata {key!r}: not null nor {{\"type\": T, \"value\": V}}")
+            metadata[key] = (v["type"], v["value"])
+        tensors = {}
+        for original, v in tensors_doc.items():
+            if not isinstance(v, dict) or set(v) != {"name", "data"}:
+                raise ValueError(f"tensor {original!r}: not {{\"name\": N, \"data\": D}}")
+            name, data = v["name"], v["data"]
+            if name is not None and not isinstance(name, str):
+                raise ValueError(f"tensor {original!r}: its name {name!r} is not a string")
+            if data is not None and (not isinstance(data, str) or not _DATA_NAME.fullmatch(data)):
+                raise ValueError(f"tensor {original!r}: {data!r} is not a data file of the store")
+            if name is None and data is not None:
+                raise ValueError(f"tensor {original!r}: removed, yet given new bytes")
+            tensors[original] = TensorEdit(name, data)
         return EditState(metadata, tensors)
+
+
+def _object(value, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"its {what} is not an object")
+    return value
+
+
+def _no_duplicates(pairs) -> dict:
+    """A JSON object, refused if it names one key twice (json keeps the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} appears twice")
+        out[key] = value
+    return out
 
 
 def source_identity(model, sources) -> list[dict]:
@@ -261,12 +296,12 @@ class EditStore:
             self._identity = identity
             return EditState()
         try:
-            doc = json.loads(data)
+            doc = _object(json.loads(data, object_pairs_hook=_no_duplicates), "top level")
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}, not {FORMAT}")
             state = EditState.from_json(doc)
             recorded = doc["source"]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise _refused(self.root, f"its {JOURNAL} cannot be read: {error}") from None
         if recorded != identity:
             names = ", ".join(f["name"] for f in recorded) if isinstance(recorded, list) else "?"

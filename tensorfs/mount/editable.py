@@ -62,6 +62,10 @@ TYPE_XATTR = "user.tensorfs.type"
 MAX_METADATA_TEXT = 16 << 20
 # An .npy written over a view: its data in float64 at most, plus a header.
 NPY_SLACK = 1 << 16
+# Scratch files of metadata/ (a tool's temporary, swap and backup files): at most this many,
+# holding at most this much in all.
+MAX_SCRATCH_FILES = 64
+MAX_SCRATCH_BYTES = 64 << 20
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
 
 
@@ -81,6 +85,17 @@ def _unescape(name: str) -> str:
     raw = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
                  name.encode("utf-8", "surrogateescape"))
     return raw.decode("utf-8", "surrogateescape")
+
+
+def is_key_name(name: str, fmt: str) -> bool:
+    """Whether a new file of metadata/ named ``name`` is a key once it is closed, or a
+    scratch file of the mount (docs/editing.md): a name that starts with ``.`` (vim's
+    ``.KEY.swp``), ends with ``~`` (a backup) or is only digits (vim's ``4913``) is scratch,
+    and so, in a GGUF model, whose keys are dotted (``general.name``), is a name without a
+    dot inside it (sed's ``sedAbC123``, perl's ``XXwdnW4t``, Python's ``tmpk2j3x9a``)."""
+    if not name or name.startswith(".") or name.endswith("~") or name.isdigit():
+        return False
+    return fmt != "gguf" or "." in name.strip(".")
 
 
 def _valid_type(type_name: str, fmt: str) -> bool:
@@ -107,6 +122,36 @@ class Handle:
         self.created = False            # a key that exists only once this handle is closed
         self.tensor: str | None = None  # the tensor's original name
         self.unread = False             # an .npy opened without O_TRUNC: ``buf`` not read yet
+
+
+class ScratchView(View):
+    """A scratch file of metadata/: its bytes, in memory, changed in place by its writers."""
+
+    cheap_size = True
+
+    def __init__(self, data: bytearray | None = None):
+        self.data = bytearray() if data is None else data
+        self.mtime_ns = time.time_ns()
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.data[offset:offset + size])
+
+
+class Scratch:
+    """A file made in metadata/ that is not a key (yet): its name, its bytes (``view``), the
+    type given by ``user.tensorfs.type`` (None: a string, or the type of the key it replaces),
+    and the handle that created it while that is open."""
+
+    def __init__(self, name: str, node: FileNode, view: ScratchView, type_name: str | None):
+        self.name = name
+        self.node = node
+        self.view = view
+        self.type_name = type_name
+        self.handle: Handle | None = None
 
 
 class Editor:
@@ -140,7 +185,8 @@ class Editor:
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
-        self._creating: dict[int, Handle] = {}      # a new key's inode -> its handle
+        self._scratch: dict[int, Scratch] = {}      # a scratch file's inode -> it
+        self._moved_away: dict[str, str] = {}       # a key renamed to a scratch name -> its type
         self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
@@ -150,6 +196,9 @@ class Editor:
                 if node is not None:
                     self._key_of[node.ino] = key
                     node.xattrs = {TYPE_XATTR: value.type_name.encode()}
+                    # a key's time is its own last change: an edit of another key or a
+                    # tool's scratch file is no change of this file (vim checks)
+                    node.view.mtime_ns = self.mtime_ns
         self.metadata_json = self.tree.lookup("/metadata.json")
         self.whole_files: list = []
         self.index_node = None
@@ -162,8 +211,51 @@ class Editor:
                     self.whole_files.append(node)
             if model.files[0].format == "safetensors" and len(model.files) > 1:
                 self._serve_index(files)
+        self._composed = (store.state, self._check_kept(store.state))
         self._replay(store.state)
         self._refresh_generated()
+
+    def _check_kept(self, state: EditState) -> dict:
+        """The edits kept in DIR, checked against the model as strictly as a model's header
+        is (DIR is input: a hand-edited journal, a data file gone or cut short): the files
+        they compose to, or ``EditError`` naming what is wrong, in one line."""
+        where = f"{self.store.root}/edits.json"
+        if state.metadata and not self.metadata_editable:
+            raise EditError(f"{where}: edits a sharded safetensors model's metadata (its "
+                            "index's, which is not edited)")
+        fmt = self.model_file.format
+        for key, typed in state.metadata.items():
+            if typed is None:
+                if key not in self.model_file.metadata:
+                    raise EditError(f"{where}: deletes {key!r}, which the model does not have")
+            elif not _valid_type(typed[0], fmt):
+                raise EditError(f"{where}: {key!r} has type {typed[0]!r}, not a metadata type "
+                                f"of a {fmt} model")
+        names = {}
+        for t in self.model.tensors:
+            edit = state.tensors.get(t.name)
+            name = t.name if edit is None else edit.name
+            if name is not None and names.setdefault(name, t.name) != t.name:
+                raise EditError(f"{where}: two tensors are named {name!r}")
+        for original, edit in state.tensors.items():
+            t = self._by_name.get(original)
+            if t is None:
+                raise EditError(f"{where}: edits tensor {original!r}, which the model does "
+                                "not have")
+            if edit.data is None:
+                continue
+            try:
+                size = self.store.data(edit.data).size
+            except OSError as error:
+                raise EditError(f"{where}: the new bytes of {original!r} cannot be opened "
+                                f"({edit.data}: {error.strerror})") from None
+            if size != t.nbytes:
+                raise EditError(f"{where}: the new bytes of {original!r} ({edit.data}) are "
+                                f"{size} bytes, the tensor holds {t.nbytes}")
+        try:
+            return self._compose_all(state)
+        except (EditError, TextError) as error:
+            raise EditError(f"{where}: {error}") from None
 
     def _serve_index(self, files) -> None:
         """A sharded safetensors model's index in files/: its weight_map follows the
@@ -300,7 +392,8 @@ class Editor:
         if isinstance(node, DirNode):
             return node is self.tree.root or node is self.meta_dir or node.ino in self._dir_paths \
                 and self._dir_paths[node.ino].split("/")[0] not in READ_ONLY_TOP
-        return node.ino in self._key_of or self._original(node) is not None
+        return node.ino in self._key_of or node.ino in self._scratch \
+            or self._original(node) is not None
 
     def _original(self, node) -> str | None:
         """The original name of the tensor a file is of, or None."""
@@ -414,6 +507,7 @@ class Editor:
 
         value = typed_value(*typed)
         view = metadata_view(self.cache, key, value, next(self.version))
+        view.mtime_ns = time.time_ns()
         node = children.get(name)
         if node is None:
             node = children[name] = self.tree.new_node(view)
@@ -428,12 +522,9 @@ class Editor:
         with self._editing():
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, "a directory")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                handle = Handle("metadata", node, pending.limit)
-                handle.key, handle.type_name, handle.created = pending.key, pending.type_name, True
-                handle.buf = bytearray(pending.buf)
-                return handle
+            scratch = self._scratch.get(node.ino)
+            if scratch is not None:
+                return self._truncated(self._scratch_handle(scratch, truncate), truncate)
             key = self._key_of.get(node.ino)
             if key is not None:
                 size = node.view.size
@@ -485,23 +576,48 @@ class Editor:
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
-            if not key:
-                raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
-            node = self.tree.new_node(GeneratedView(self.cache, ("new key", name,
-                                                                 next(self.version)), lambda: b""))
-            node.xattrs = {TYPE_XATTR: b"string"}
-            parent.children[name] = node
-            handle = Handle("metadata", node, MAX_METADATA_TEXT)
-            handle.key, handle.type_name, handle.created, handle.dirty = key, "string", True, True
-            self._creating[node.ino] = handle
-            self._touch(parent)
-            return node, handle
+            if not key or "\0" in key:
+                raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
+                                  "name without NUL")
+            if len(self._scratch) >= MAX_SCRATCH_FILES:
+                raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
+                                  "not yet keys are open or left: remove some")
+            scratch = self._new_scratch(name, ScratchView(), self._moved_away.pop(name, None))
+            handle = self._scratch_handle(scratch, True)
+            handle.dirty = True
+            scratch.handle = handle
+            return scratch.node, handle
+
+    def _new_scratch(self, name: str, view: ScratchView, type_name: str | None) -> Scratch:
+        """A scratch file ``name`` of metadata/ (in the tree; not a key)."""
+        node = self.tree.new_node(view)
+        scratch = Scratch(name, node, view, type_name)
+        node.xattrs = {TYPE_XATTR: (type_name or "string").encode()}
+        self.meta_dir.children[name] = node
+        self._scratch[node.ino] = scratch
+        self._touch(self.meta_dir, node)
+        return scratch
+
+    def _scratch_handle(self, scratch: Scratch, truncate: bool) -> Handle:
+        """A handle writing a scratch file's bytes in place (a rename or a read before the
+        close sees them)."""
+        handle = Handle("metadata", scratch.node, MAX_METADATA_TEXT)
+        handle.type_name = scratch.type_name or "string"
+        handle.created = True
+        if truncate:
+            del scratch.view.data[:]
+        handle.buf = scratch.view.data
+        return handle
 
     # -- writing -----------------------------------------------------------------------------
     def write(self, handle: Handle, offset: int, data: bytes) -> int:
         end = offset + len(data)
         if end > handle.limit:
             raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {handle.limit} bytes)")
+        if handle.key is None and handle.kind == "metadata" and end > len(handle.buf) \
+                and self._scratch_bytes() + end - len(handle.buf) > MAX_SCRATCH_BYTES:
+            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
+                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
         if handle.kind == "raw":
             if handle.pending is None:
                 handle.pending = self.store.new_data()
@@ -559,9 +675,11 @@ class Editor:
         with self._editing():
             if not _valid_type(type_name, self.model_file.format):
                 raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                pending.type_name = type_name
+            scratch = self._scratch.get(node.ino)
+            if scratch is not None:
+                scratch.type_name = type_name
+                if scratch.handle is not None:
+                    scratch.handle.type_name = type_name
                 node.xattrs = {TYPE_XATTR: type_name.encode()}
                 return
             key = self._key_of.get(node.ino)
@@ -588,17 +706,51 @@ class Editor:
             handle.dirty = False
 
     def _flush_metadata(self, handle: Handle) -> None:
+        if handle.key is None:
+            self._flush_scratch(handle)
+            return
         try:
             value = parse_text(handle.type_name, bytes(handle.buf))
         except TextError as error:
             raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
                               f"(the key keeps its value)") from None
-        if handle.created and self._creating.get(handle.node.ino) is None \
-                and handle.node.ino not in self._key_of:
+        if handle.node.ino not in self._key_of:
             raise EditRefused(errno.ENOENT, f"metadata/{handle.key}: removed meanwhile")
         self._set_key(handle.key, (handle.type_name, value))
-        self._creating.pop(handle.node.ino, None)
-        handle.created = False
+
+    def _flush_scratch(self, handle: Handle) -> None:
+        """A scratch file closed: under a key name it becomes that key (in the type set on
+        it, else a string); under a scratch name it stays what it is."""
+        scratch = self._scratch.get(handle.node.ino)
+        if scratch is None:         # renamed over a key, or removed, while open
+            return
+        scratch.view.mtime_ns = time.time_ns()
+        if not is_key_name(scratch.name, self.model_file.format):
+            return
+        key = _unescape(scratch.name)
+        typed = self._parsed(key, scratch.type_name or "string", bytes(scratch.view.data),
+                             "the key is not made")
+        self._commit(self.state.with_metadata(key, typed))
+        self._become_key(handle.node, key, typed)
+        handle.key, handle.buf, handle.created = key, bytearray(handle.buf), False
+
+    @staticmethod
+    def _parsed(key: str, type_name: str, text: bytes, outcome: str) -> tuple:
+        try:
+            return type_name, parse_text(type_name, text)
+        except TextError as error:
+            raise EditRefused(errno.EINVAL, f"metadata/{key}: {error} ({outcome})") from None
+
+    def _become_key(self, node, key: str, typed) -> None:
+        """A scratch file's node is now the file of ``key`` (committed already)."""
+        scratch = self._scratch.pop(node.ino, None)
+        if scratch is not None and scratch.handle is not None:
+            scratch.handle.created = False
+        self._key_of[node.ino] = key
+        self._show_key(key, typed)
+
+    def _scratch_bytes(self) -> int:
+        return sum(len(s.view.data) for s in self._scratch.values())
 
     def _set_key(self, key: str, typed) -> None:
         self._commit(self.state.with_metadata(key, typed))
@@ -647,13 +799,15 @@ class Editor:
         with self._editing():
             if handle.pending is not None:
                 handle.pending.drop()
-            if handle.created and self._creating.get(handle.node.ino) is handle:
-                # a new key never closed with a value it reads as: not made
-                del self._creating[handle.node.ino]
-                for name, node in list(self.meta_dir.children.items()):
-                    if node is handle.node:
-                        del self.meta_dir.children[name]
-                self._touch(self.meta_dir)
+            scratch = self._scratch.get(handle.node.ino)
+            if scratch is not None and scratch.handle is handle:
+                scratch.handle = None
+                if is_key_name(scratch.name, self.model_file.format):
+                    # a new key never closed with a value it reads as: not made
+                    del self._scratch[handle.node.ino]
+                    if self.meta_dir.children.get(scratch.name) is handle.node:
+                        del self.meta_dir.children[scratch.name]
+                    self._touch(self.meta_dir)
 
     # -- removing and renaming ---------------------------------------------------------------
     def ghost(self, parent, name: str):
@@ -675,8 +829,8 @@ class Editor:
                 raise EditRefused(errno.ENOENT, name)
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, name)
-            if node.ino in self._creating:
-                del self._creating[node.ino]
+            if node.ino in self._scratch:
+                del self._scratch[node.ino]
                 del parent.children[name]
                 self._touch(parent)
                 return
@@ -730,25 +884,76 @@ class Editor:
                 self._rename_tensor(node, parent, new_parent, new_name)
             self._touch(parent, new_parent)
 
-    def _rename_key(self, node, name: str, new_name: str) -> None:
-        key = self._key_of.get(node.ino)
-        if key is None:
-            raise EditRefused(errno.EPERM, "close a new key before renaming it")
-        new_key = _unescape(new_name)
-        if not new_key:
-            raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
+    def _key_typed(self, key: str) -> tuple:
         typed = self.state.metadata.get(key)
         if typed is None:
             value = self.model_file.metadata[key]
             typed = (value.type_name, value.value())
-        state = self.state.with_metadata(key, None) if key in self.model_file.metadata \
-            else self.state.without_metadata(key)
-        if new_key not in self.model_file.metadata:
-            state = state.without_metadata(new_key)
-        state = state.with_metadata(new_key, typed)
-        self._commit(state)
-        self._show_key(key, None)
-        self._show_key(new_key, typed)
+        return typed
+
+    def _without_key(self, state: EditState, key: str) -> EditState:
+        return state.with_metadata(key, None) if key in self.model_file.metadata \
+            else state.without_metadata(key)
+
+    def _rename_key(self, node, name: str, new_name: str) -> None:
+        """``mv`` inside metadata/ (docs/editing.md): onto a key, the moved file's text is
+        that key's new value, read in that key's type (sed -i, perl -pi, an atomic
+        write's rename); a key to a new key name is renamed, type and all; a scratch file to
+        a key name becomes that key; a key to a scratch name (vim's backup) leaves the model
+        and is a scratch file holding its text, and the type goes to a file made again
+        under the key's name."""
+        fmt = self.model_file.format
+        if new_name == name:
+            return
+        children = self.meta_dir.children
+        key = self._key_of.get(node.ino)
+        scratch = self._scratch.get(node.ino)
+        if key is None and scratch is None:
+            raise EditRefused(errno.EPERM, f"metadata/{name}: not a key nor a new file")
+        new_key = _unescape(new_name)
+        if not new_key or "\0" in new_key:
+            raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
+                              "without NUL")
+        target = children.get(new_name)
+        target_key = self._key_of.get(target.ino) if target is not None else None
+        text = bytes(scratch.view.data) if scratch is not None else node.view.read(0, node.view.size)
+        state = self.state if key is None else self._without_key(self.state, key)
+        if target_key is not None:
+            # a replace: the key keeps its type
+            typed = self._parsed(target_key, target.xattrs[TYPE_XATTR].decode(), text,
+                                 "the key keeps its value")
+            new_key = target_key
+        elif is_key_name(new_name, fmt):
+            typed = self._key_typed(key) if key is not None else \
+                self._parsed(new_key, scratch.type_name or "string", text, "the key is not made")
+        else:
+            typed = None                    # a scratch file afterwards
+        if typed is not None:
+            state = state.with_metadata(new_key, typed)
+        if state is not self.state:
+            self._commit(state)
+        # the tree: the moved node is now at new_name, whatever was there goes
+        if target is not None:
+            self._key_of.pop(target.ino, None)
+            self._scratch.pop(target.ino, None)
+        del children[name]
+        children[new_name] = node
+        if key is not None:
+            self._key_of.pop(node.ino, None)
+            self._touch(node)
+        if typed is not None:
+            self._become_key(node, new_key, typed)
+        elif scratch is not None:
+            scratch.name = new_name
+        else:                               # a key moved to a scratch name
+            view = ScratchView(bytearray(text))
+            node.view = view
+            scratch = self._scratch[node.ino] = Scratch(new_name, node, view, None)
+            type_name = node.xattrs[TYPE_XATTR].decode()
+            self._moved_away[name] = type_name
+            while len(self._moved_away) > MAX_SCRATCH_FILES:
+                del self._moved_away[next(iter(self._moved_away))]
+        self._touch(self.meta_dir)
 
     def _tensor_dir(self, directory: DirNode) -> str:
         path = self._dir_paths.get(directory.ino)

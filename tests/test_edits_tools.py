@@ -1,0 +1,272 @@
+"""The tools a user edits with, through a real ``--edits`` mount (docs/editing.md, "Works
+with"): sed -i, perl -pi, vim, Python's temporary-file-and-rename, cp, dd, echo, numpy.
+Each leaves the file gguf-py's ``GGUFWriter`` writes for the same change -- a key keeps its
+type, a tool's temporary, swap and backup files never reach the model -- and what the
+format or its readers refuse is refused.  Also: DIR's journal is input, checked at mount.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import gguf
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from tests.support import mount_expecting_refusal, run_tensorfs
+from tests.support.edit_models import GV, field_types, tool_kvs, tool_tensors, write_kv_gguf
+
+VIM = shutil.which("vim") or shutil.which("vim.tiny")
+needs_vim = pytest.mark.skipif(VIM is None, reason="vim is not installed (make test-system-deps)")
+needs_perl = pytest.mark.skipif(shutil.which("perl") is None, reason="perl is not installed")
+
+
+@pytest.fixture
+def model(tmp_path):
+    return write_kv_gguf(tmp_path / "model.gguf", tool_kvs(), tool_tensors())
+
+
+def _run(args, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL, timeout=60, **kwargs)
+
+
+def _python_atomic_write(path, text: str) -> None:
+    """The usual atomic write: a temporary file beside the target, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _python_atomic_write_inside(path, text: str) -> None:
+    """The same with the rename before the close (flushed, fsynced, renamed, then closed)."""
+    with open(f"{path}.tmp", "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
+
+
+_VIM_SETS = {"defaults": [],
+             "backup copied": ["set backup backupskip= backupcopy=yes"],
+             "backup renamed": ["set backup backupskip= backupcopy=no"],
+             "writebackup renamed": ["set nobackup writebackup backupskip= backupcopy=no"]}
+
+
+def _edit(tool: str, path, old: str, new: str) -> subprocess.CompletedProcess | None:
+    if tool == "sed":
+        return _run(["sed", "-i", f"s/{old}/{new}/", str(path)])
+    if tool == "perl":
+        return _run(["perl", "-pi", "-e", f"s/{old}/{new}/", str(path)])
+    if tool.startswith("vim"):
+        sets = _VIM_SETS[tool.split(":", 1)[1]]
+        args = [VIM, "-es", "-N"]
+        for command in sets + [f"s/{old}/{new}/", "wq"]:
+            args += ["-c", command]
+        return _run(args + [str(path)], cwd=path.parent)
+    if tool == "python":
+        _python_atomic_write(path, path.read_text().replace(old, new))
+        return None
+    if tool == "python-inside":
+        _python_atomic_write_inside(path, path.read_text().replace(old, new))
+        return None
+    if tool == "cp":
+        source = path.parent.parent.parent / "new-value.txt"
+        source.write_text(path.read_text().replace(old, new))
+        return _run(["cp", str(source), str(path)])
+    raise AssertionError(tool)
+
+
+TOOLS = ["sed", pytest.param("perl", marks=needs_perl), "python", "python-inside", "cp",
+         *(pytest.param(f"vim:{v}", marks=needs_vim) for v in _VIM_SETS)]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_tool_rewriting_a_key_keeps_its_type(tmp_path, model, mount, tool):
+    """The EOS id (a uint32) and the name (a string) rewritten by the tool: files/ is the
+    file GGUFWriter writes with the new values, the id still a uint32 (llama.cpp refuses a
+    string there), and nothing the tool made on the way is a key or left in metadata/."""
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    meta = mnt / "metadata"
+    names = sorted(os.listdir(meta))
+    for key, old, new in (("tokenizer.ggml.eos_token_id", "1", "3"),
+                          ("general.name", "tiny", "small")):
+        result = _edit(tool, meta / key, old, new)
+        assert result is None or result.returncode == 0, (tool, result.stderr)
+    assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "3\n"
+    assert os.getxattr(meta / "tokenizer.ggml.eos_token_id", "user.tensorfs.type") == b"uint32"
+    # vim's 'backup' keeps KEY~ (a scratch file of the mount, never a key); nothing else stays
+    assert sorted(n for n in os.listdir(meta) if not n.endswith("~")) == names
+    served = mnt / "files" / "model.gguf"
+    types = field_types(served)
+    assert types["tokenizer.ggml.eos_token_id"] == (3, [GV.UINT32])
+    assert types["general.name"] == ("small", [GV.STRING])
+    reference = write_kv_gguf(tmp_path / "reference.gguf", tool_kvs(eos=3, name="small"),
+                              tool_tensors())
+    assert served.read_bytes() == reference.read_bytes()
+
+
+@pytest.mark.parametrize("tool", ["sed", pytest.param("perl", marks=needs_perl), "python"])
+def test_text_that_does_not_read_in_the_keys_type_is_refused_and_the_value_stays(
+        tmp_path, model, mount, tool):
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    eos = mnt / "metadata" / "tokenizer.ggml.eos_token_id"
+    if tool == "python":
+        with pytest.raises(OSError) as caught:
+            _python_atomic_write(eos, "one\n")
+        assert caught.value.errno == 22
+    else:
+        result = _edit(tool, eos, "1", "one")
+        assert result.returncode != 0
+    assert eos.read_text() == "1\n"
+    assert field_types(mnt / "files" / "model.gguf")["tokenizer.ggml.eos_token_id"] \
+        == (1, [GV.UINT32])
+
+
+def test_scratch_files_never_reach_the_model(tmp_path, model, mount):
+    """Files a tool makes in metadata/ under names no key has (vim's swap file and 4913
+    probe, a backup, sed's temporary) are the mount's, never keys: files/ stays the model,
+    and a remount of DIR shows none of them."""
+    edits = tmp_path / "fixes"
+    mnt = mount(model, "--edits", edits)
+    meta = mnt / "metadata"
+    scratch = [".general.name.swp", "4913", "general.name~", "sedAbC123", "tmpk2j3x9ab"]
+    for name in scratch:
+        (meta / name).write_bytes(b"b0VIM 9.0\0\x01\x02" * 100)
+        assert (meta / name).read_bytes() == b"b0VIM 9.0\0\x01\x02" * 100
+    os.unlink(meta / "4913")
+    assert (mnt / "files" / "model.gguf").read_bytes() == model.read_bytes()
+    assert not set(scratch) & set(json.loads((mnt / "metadata.json").read_text())["metadata"])
+    # a scratch file renamed to a key name is that key
+    os.rename(meta / "tmpk2j3x9ab", meta / "x.note")
+    assert field_types(mnt / "files" / "model.gguf")["x.note"][1] == [GV.STRING]
+    assert run_tensorfs("unmount", mnt).returncode == 0
+    again = mount(model, "--edits", edits)
+    assert not set(scratch) & set(os.listdir(again / "metadata"))
+    assert "x.note" in os.listdir(again / "metadata")
+
+
+def test_a_key_renamed_over_another_takes_its_type(tmp_path, model, mount):
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    meta = mnt / "metadata"
+    (meta / "my.id").write_text("7\n")
+    os.rename(meta / "my.id", meta / "tokenizer.ggml.eos_token_id")
+    assert field_types(mnt / "files" / "model.gguf")["tokenizer.ggml.eos_token_id"] \
+        == (7, [GV.UINT32])
+    assert not (meta / "my.id").exists()
+    (meta / "my.word").write_text("seven\n")
+    with pytest.raises(OSError) as caught:
+        os.rename(meta / "my.word", meta / "tokenizer.ggml.eos_token_id")
+    assert caught.value.errno == 22
+    assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "7\n"
+
+
+# -- names and values the format or its readers refuse -----------------------------------------
+
+def test_names_and_values_readers_refuse_are_refused(tmp_path, model, mount):
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    before = (mnt / "files" / "model.gguf").read_bytes()
+    refused = [(mnt / "output_norm" / "weight", mnt / "output_norm" / ("x" * 60)),  # 64+ bytes
+               (mnt / "output_norm" / "weight", mnt / "%"),                          # empty
+               (mnt / "output_norm" / "weight", mnt / "output_norm" / "a%00b")]      # a NUL
+    for source, target in refused:
+        with pytest.raises(OSError, match="Invalid argument"):
+            os.rename(source, target)
+    with pytest.raises(OSError) as caught:                                    # a name taken
+        os.rename(mnt / "output_norm" / "weight", mnt / "token_embd" / "weight")
+    assert caught.value.errno == 17
+    for bad in ("2147483648\n", "3\n", "0\n", f"{1 << 17}\n"):
+        with pytest.raises(OSError) as caught, \
+                open(mnt / "metadata" / "general.alignment", "w") as f:
+            f.write(bad)
+        assert caught.value.errno == 22, bad
+    assert (mnt / "files" / "model.gguf").read_bytes() == before
+    os.rename(mnt / "output_norm" / "weight", mnt / "output_norm" / ("x" * 51))   # 63 bytes
+    names = [t.name for t in gguf.GGUFReader(str(mnt / "files" / "model.gguf")).tensors]
+    assert names == ["token_embd.weight", "output_norm." + "x" * 51]
+
+
+def test_safetensors_header_names_are_refused(tmp_path, mount):
+    model = tmp_path / "model.safetensors"
+    save_file({"b.bias": np.zeros(3, np.float32), "w": np.ones(2, np.float32)}, str(model),
+              metadata={"format": "pt"})
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    before = (mnt / "files" / "model.safetensors").read_bytes()
+    with pytest.raises(OSError) as caught:
+        os.rename(mnt / "b" / "bias", mnt / "__metadata__")
+    assert caught.value.errno == 22
+    assert (mnt / "files" / "model.safetensors").read_bytes() == before
+
+
+# -- DIR is input --------------------------------------------------------------------------------
+
+def _journal_cases(original: dict, data_name: str) -> list:
+    """(what is wrong, the journal's new text or a change to DIR, words the refusal says)."""
+    def doc(**changes):
+        out = json.loads(json.dumps(original))
+        for path, value in changes.items():
+            section, key = path.split("/")
+            out[section][key] = value
+        return json.dumps(out)
+    eos = "tokenizer.ggml.eos_token_id"
+    return [
+        ("a uint8 of 300", doc(**{f"metadata/{eos}": {"type": "uint8", "value": 300}}),
+         "out of range"),
+        ("a string for a uint32", doc(**{f"metadata/{eos}": {"type": "uint32", "value": "2"}}),
+         "not an integer"),
+        ("an unknown type", doc(**{f"metadata/{eos}": {"type": "uint128", "value": 2}}),
+         "uint128"),
+        ("alignment 3", doc(**{"metadata/general.alignment": {"type": "uint32", "value": 3}}),
+         "power of two"),
+        ("alignment 2 GiB", doc(**{"metadata/general.alignment":
+                                   {"type": "uint32", "value": 2147483648}}), "65536"),
+        ("a value not an object", doc(**{f"metadata/{eos}": 5}), eos),
+        ("a tensor the model lacks", doc(**{"tensors/nope": {"name": "x", "data": None}}), "nope"),
+        ("a 64-byte name", doc(**{"tensors/token_embd.weight": {"name": "y" * 64, "data": None}}),
+         "GGML_MAX_NAME"),
+        ("a name taken", doc(**{"tensors/token_embd.weight":
+                                {"name": "output_norm.weight", "data": None}}), "two tensors"),
+        ("a name not a string", doc(**{"tensors/token_embd.weight": {"name": 5, "data": None}}),
+         "not a string"),
+        ("a data file missing", doc(**{"tensors/token_embd.weight":
+                                       {"name": "token_embd.weight",
+                                        "data": "data-" + "0" * 32 + ".bin"}}), "cannot be opened"),
+        ("a data file cut short", f"truncate:{data_name}", "bytes"),
+        ("a key twice", json.dumps(original)[:-1] + ', "format": 1}', "twice"),
+        ("not JSON", "{", "cannot be read"),
+        ("deeply nested", "[" * 100000, "cannot be read"),
+        ("a deleted key the model lacks", doc(**{"metadata/no.such": None}), "no.such"),
+    ]
+
+
+def test_a_bad_journal_is_refused_at_mount_in_one_line(tmp_path, model, mount):
+    edits = tmp_path / "fixes"
+    mnt = mount(model, "--edits", edits)
+    np.save(mnt / "output_norm" / "weight.npy", np.ones(8, np.float32))
+    assert run_tensorfs("unmount", mnt).returncode == 0
+    root = edits / "tensorfs-edits.v1"
+    journal = (root / "edits.json").read_text()
+    data_name = next(p.name for p in root.glob("data-*.bin"))
+    for what, change, words in _journal_cases(json.loads(journal), data_name):
+        if change.startswith("truncate:"):
+            os.truncate(root / change.split(":", 1)[1], 5)
+        else:
+            (root / "edits.json").write_text(change)
+        target = tmp_path / "refused"
+        target.mkdir(exist_ok=True)
+        result, mounted = mount_expecting_refusal(model, target, "--edits", edits)
+        assert (result.returncode, mounted) == (1, False), (what, result.stderr)
+        assert result.stderr.count("\n") == 1 and words in result.stderr, (what, result.stderr)
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        (root / "edits.json").write_text(journal)
+        if change.startswith("truncate:"):
+            with open(root / data_name, "wb") as f:
+                f.write(np.ones(8, np.float32).tobytes())
+    again = mount(model, "--edits", edits)
+    assert np.array_equal(np.load(again / "output_norm" / "weight.npy"), np.ones(8, np.float32))
