@@ -76,14 +76,22 @@ def _edit(tool: str, path, old: str, new: str) -> subprocess.CompletedProcess | 
     if tool == "python-inside":
         _python_atomic_write_inside(path, path.read_text().replace(old, new))
         return None
+    text = path.read_text().replace(old, new)
+    if tool == "echo":
+        return _run(["sh", "-c", 'printf "%s" "$1" > "$2"', "sh", text, str(path)])
+    source = path.parent.parent.parent / "new-value.txt"        # beside the mount point
+    source.write_text(text)
     if tool == "cp":
-        source = path.parent.parent.parent / "new-value.txt"
-        source.write_text(path.read_text().replace(old, new))
         return _run(["cp", str(source), str(path)])
+    if tool == "dd":
+        return _run(["dd", f"if={source}", f"of={path}", "status=none"])
+    if tool == "mv":                # from another file system: unlink KEY, create KEY, copy
+        return _run(["mv", str(source), str(path)])
     raise AssertionError(tool)
 
 
-TOOLS = ["sed", pytest.param("perl", marks=needs_perl), "python", "python-inside", "cp",
+TOOLS = ["sed", pytest.param("perl", marks=needs_perl), "python", "python-inside", "echo", "cp",
+         "dd", "mv",
          *(pytest.param(f"vim:{v}", marks=needs_vim) for v in _VIM_SETS)]
 
 

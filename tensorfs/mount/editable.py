@@ -186,7 +186,10 @@ class Editor:
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
         self._scratch: dict[int, Scratch] = {}      # a scratch file's inode -> it
-        self._moved_away: dict[str, str] = {}       # a key renamed to a scratch name -> its type
+        # name -> type of a key removed or renamed to a scratch name: a file made again under
+        # that name is read in that type (mv from another file system: unlink, then create;
+        # vim's backup by rename: KEY to KEY~, then a new KEY)
+        self._left_types: dict[str, str] = {}
         self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
@@ -582,7 +585,7 @@ class Editor:
             if len(self._scratch) >= MAX_SCRATCH_FILES:
                 raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
                                   "not yet keys are open or left: remove some")
-            scratch = self._new_scratch(name, ScratchView(), self._moved_away.pop(name, None))
+            scratch = self._new_scratch(name, ScratchView(), self._left_types.pop(name, None))
             handle = self._scratch_handle(scratch, True)
             handle.dirty = True
             scratch.handle = handle
@@ -749,6 +752,12 @@ class Editor:
         self._key_of[node.ino] = key
         self._show_key(key, typed)
 
+    def _leave_type(self, name: str, node) -> None:
+        self._left_types.pop(name, None)
+        self._left_types[name] = node.xattrs[TYPE_XATTR].decode()
+        while len(self._left_types) > MAX_SCRATCH_FILES:
+            del self._left_types[next(iter(self._left_types))]
+
     def _scratch_bytes(self) -> int:
         return sum(len(s.view.data) for s in self._scratch.values())
 
@@ -836,8 +845,8 @@ class Editor:
                 return
             key = self._key_of.get(node.ino)
             if key is not None and parent is self.meta_dir:
-                self._commit(self.state.with_metadata(key, None) if key in self.model_file.metadata
-                             else self.state.without_metadata(key))
+                self._commit(self._without_key(self.state, key))
+                self._leave_type(name, node)
                 self._show_key(key, None)
                 return
             original = self._original(node)
@@ -949,10 +958,7 @@ class Editor:
             view = ScratchView(bytearray(text))
             node.view = view
             scratch = self._scratch[node.ino] = Scratch(new_name, node, view, None)
-            type_name = node.xattrs[TYPE_XATTR].decode()
-            self._moved_away[name] = type_name
-            while len(self._moved_away) > MAX_SCRATCH_FILES:
-                del self._moved_away[next(iter(self._moved_away))]
+            self._leave_type(name, node)
         self._touch(self.meta_dir)
 
     def _tensor_dir(self, directory: DirNode) -> str:
