@@ -220,7 +220,7 @@ def _journal_cases(original: dict, data_name: str) -> list:
         out = json.loads(json.dumps(original))
         for path, value in changes.items():
             section, key = path.split("/")
-            out[section][key] = value
+            (out if section == "top" else out[section])[key] = value
         return json.dumps(out)
     eos = "tokenizer.ggml.eos_token_id"
     return [
@@ -250,6 +250,10 @@ def _journal_cases(original: dict, data_name: str) -> list:
         ("not JSON", "{", "cannot be read"),
         ("deeply nested", "[" * 100000, "cannot be read"),
         ("a deleted key the model lacks", doc(**{"metadata/no.such": None}), "no.such"),
+        ("a log line not JSON", "log:garbage\n", "line 1"),
+        ("a log line of a bad value", 'log:{"metadata":{"%s":{"type":"uint8","value":300}}}\n'
+         % eos, "out of range"),
+        ("a log the journal does not name", doc(**{"top/log": "../edits.json"}), "not a log"),
     ]
 
 
@@ -261,9 +265,12 @@ def test_a_bad_journal_is_refused_at_mount_in_one_line(tmp_path, model, mount):
     root = edits / "tensorfs-edits.v1"
     journal = (root / "edits.json").read_text()
     data_name = next(p.name for p in root.glob("data-*.bin"))
+    log = root / json.loads(journal)["log"]
     for what, change, words in _journal_cases(json.loads(journal), data_name):
         if change.startswith("truncate:"):
             os.truncate(root / change.split(":", 1)[1], 5)
+        elif change.startswith("log:"):
+            log.write_text(change[len("log:"):])
         else:
             (root / "edits.json").write_text(change)
         target = tmp_path / "refused"
@@ -273,8 +280,17 @@ def test_a_bad_journal_is_refused_at_mount_in_one_line(tmp_path, model, mount):
         assert result.stderr.count("\n") == 1 and words in result.stderr, (what, result.stderr)
         assert "internal error" not in result.stderr and "Traceback" not in result.stderr
         (root / "edits.json").write_text(journal)
+        log.unlink(missing_ok=True)
         if change.startswith("truncate:"):
             with open(root / data_name, "wb") as f:
                 f.write(np.ones(8, np.float32).tobytes())
+    # a last log line cut short (a daemon killed while writing it) is an edit never made
+    log.write_text('{"metadata":{"general.name":{"type":"string","value":"log"}}}\n'
+                   '{"metadata":{"general.na')
     again = mount(model, "--edits", edits)
     assert np.array_equal(np.load(again / "output_norm" / "weight.npy"), np.ones(8, np.float32))
+    assert (again / "metadata" / "general.name").read_text() == "log\n"
+    (again / "metadata" / "general.name").write_text("after\n")
+    assert run_tensorfs("unmount", again).returncode == 0
+    third = mount(model, "--edits", edits)
+    assert (third / "metadata" / "general.name").read_text() == "after\n"

@@ -31,8 +31,8 @@ import time
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import (
     ComposedFile,
+    Composer,
     EditError,
-    compose,
     edited_tensors,
     encode_array,
 )
@@ -168,6 +168,8 @@ class Editor:
         self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
         self.sources = {f.path: mounted.sources[f.path] for f in model.files}
         self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
+        self.composers = {f.path: Composer(f, self.headers[f.path], self.sources[f.path],
+                                           store.data) for f in model.files}
         self.tree = mounted.tree
         self.cache = mounted.cache
         self.budget = mounted.budget
@@ -320,19 +322,19 @@ class Editor:
         """path -> ComposedFile of every model file.  Metadata edits go to the metadata
         file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
         out = {}
-        total = sum(1 for t in self.model.tensors
-                    if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
         for f in self.files:
             if f is self.model_file:
                 file_state = state
                 count = f.metadata.get("split.tensors.count")
-                if count is not None and len(self.files) > 1 and count.value() != total:
-                    file_state = state.with_metadata("split.tensors.count",
-                                                     (count.type_name, total))
+                if count is not None and len(self.files) > 1:
+                    total = sum(1 for t in self.model.tensors
+                                if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
+                    if count.value() != total:
+                        file_state = state.with_metadata("split.tensors.count",
+                                                         (count.type_name, total))
             else:
-                file_state = EditState({}, state.tensors)
-            out[f.path] = compose(f, self.headers[f.path], self.sources[f.path], file_state,
-                                  self.store.data)
+                file_state = EditState({}, state.tensors)     # its composer keeps its layout
+            out[f.path] = self.composers[f.path].compose(file_state)
         return out
 
     def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
