@@ -175,6 +175,27 @@ def test_a_key_renamed_over_another_takes_its_type(tmp_path, model, mount):
     assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "7\n"
 
 
+def test_cp_and_dd_replace_a_tensors_bytes(tmp_path, model, mount):
+    """cp of a file of the tensor's size over its raw file, dd conv=notrunc of a part of it:
+    files/ is the file GGUFWriter writes with those bytes."""
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    tensors = tool_tensors()
+    new = np.linspace(-1, 1, 8, dtype=np.float32)
+    (tmp_path / "norm.bin").write_bytes(new.tobytes())
+    assert _run(["cp", str(tmp_path / "norm.bin"), str(mnt / "output_norm" / "weight")]) \
+        .returncode == 0
+    part = np.full(8, 7, np.float32)
+    (tmp_path / "part.bin").write_bytes(part.tobytes())
+    result = _run(["dd", f"if={tmp_path / 'part.bin'}", f"of={mnt / 'token_embd' / 'weight'}",
+                   "conv=notrunc", "bs=32", "seek=2", "status=none"])
+    assert result.returncode == 0, result.stderr
+    tensors["output_norm.weight"] = new
+    tensors["token_embd.weight"] = tensors["token_embd.weight"].copy()
+    tensors["token_embd.weight"][2] = part
+    reference = write_kv_gguf(tmp_path / "reference.gguf", tool_kvs(), tensors)
+    assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
+
+
 # -- names and values the format or its readers refuse -----------------------------------------
 
 def test_names_and_values_readers_refuse_are_refused(tmp_path, model, mount):
