@@ -2,9 +2,12 @@
 to the model, and the tree kept true to the edits (docs/editing.md).
 
 - ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
-  closed (``metadata_files.parse_text``); a new file adds a key (a string, or the type
-  given by the ``user.tensorfs.type`` extended attribute set before the first close);
-  ``rm`` deletes the key, ``mv`` renames it.
+  closed (``metadata_files.parse_text``); a new file is a scratch file of the mount (in
+  memory, never in the model: a tool's temporary, swap or backup file) until it is closed
+  under a key name (``is_key_name``: then a new key, a string or the type given by the
+  ``user.tensorfs.type`` extended attribute) or renamed onto a key (its text read in that
+  key's type: ``sed -i``); ``rm`` deletes the key, ``mv`` renames it.  Only
+  ``user.tensorfs.type`` changes a key's type.
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
   with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
   ``rm`` of either removes the tensor, ``mv`` renames it.
