@@ -16,7 +16,7 @@ import struct
 from tensorfs.dtypes import GGUF_ARRAY, GGUF_VALUE_TYPES
 from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH
 
-__all__ = ["DEFAULT_ALIGNMENT", "MAX_ALIGNMENT", "MAX_TENSOR_NAME", "ValueWriter",
+__all__ = ["DEFAULT_ALIGNMENT", "INT_RANGES", "MAX_ALIGNMENT", "MAX_TENSOR_NAME", "ValueWriter",
            "check_alignment", "check_tensor_name", "scalar_type_names"]
 
 TYPE_IDS = {name: tid for tid, (name, _, _) in GGUF_VALUE_TYPES.items()}
@@ -27,7 +27,8 @@ MAX_TENSOR_NAME = 63
 # that much per tensor (2 GiB on 10 tensors: a 20 GiB file)
 MAX_ALIGNMENT = 1 << 16
 
-_INT_RANGES = {"uint8": (0, 2**8 - 1), "int8": (-2**7, 2**7 - 1),
+# each GGUF integer type's range (the text of a metadata file is read in it too)
+INT_RANGES = {"uint8": (0, 2**8 - 1), "int8": (-2**7, 2**7 - 1),
                "uint16": (0, 2**16 - 1), "int16": (-2**15, 2**15 - 1),
                "uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
                "uint64": (0, 2**64 - 1), "int64": (-2**63, 2**63 - 1)}
@@ -97,8 +98,8 @@ class ValueWriter:
         if type_name == "bool":
             if type(value) is not bool:
                 raise ValueError(f"{_shown(value)} is not a bool")
-        elif type_name in _INT_RANGES:
-            low, high = _INT_RANGES[type_name]
+        elif type_name in INT_RANGES:
+            low, high = INT_RANGES[type_name]
             if type(value) is not int:
                 raise ValueError(f"{_shown(value)} is not an integer")
             if not low <= value <= high:
