@@ -233,6 +233,24 @@ def test_safetensors_header_names_are_refused(tmp_path, mount):
     assert (mnt / "files" / "model.safetensors").read_bytes() == before
 
 
+def test_safetensors_keys_by_sed_and_a_tools_left_over_temporary(tmp_path, mount):
+    """safetensors keys need no dot, so a new ``added`` is a key, but sed's temporary file is
+    not: sed -i rewrites ``note``, and a temporary file an interrupted sed left (written,
+    closed, never renamed) never reaches the model."""
+    model = tmp_path / "model.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(model), metadata={"format": "pt", "note": "a"})
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    meta = mnt / "metadata"
+    assert _run(["sed", "-i", "s/a/b/", str(meta / "note")]).returncode == 0
+    (meta / "sedAbC123").write_text("left over\n")
+    (meta / "tmpk2j3x9ab").write_text("left over\n")
+    (meta / "added").write_text("yes\n")
+    reference = tmp_path / "reference.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(reference),
+              metadata={"format": "pt", "note": "b", "added": "yes"})
+    assert (mnt / "files" / "model.safetensors").read_bytes() == reference.read_bytes()
+
+
 # -- DIR is input --------------------------------------------------------------------------------
 
 def _journal_cases(original: dict, data_name: str) -> list:
