@@ -16,6 +16,8 @@ import tempfile
 import gguf
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from tests.support import mount_expecting_refusal, run_tensorfs
@@ -173,6 +175,11 @@ def test_a_key_renamed_over_another_takes_its_type(tmp_path, model, mount):
         os.rename(meta / "my.word", meta / "tokenizer.ggml.eos_token_id")
     assert caught.value.errno == 22
     assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "7\n"
+    # another spelling of a key's file name would be a second file of one key
+    with pytest.raises(OSError) as caught:
+        (meta / "general.na%6De").write_text("twin\n")
+    assert caught.value.errno == 22
+    assert field_types(mnt / "files" / "model.gguf")["general.name"] == ("tiny", [GV.STRING])
 
 
 def test_cp_and_dd_replace_a_tensors_bytes(tmp_path, model, mount):
@@ -333,3 +340,47 @@ def test_a_bad_journal_is_refused_at_mount_in_one_line(tmp_path, model, mount):
     assert run_tensorfs("unmount", again).returncode == 0
     third = mount(model, "--edits", edits)
     assert (third / "metadata" / "general.name").read_text() == "after\n"
+
+
+# -- the journal's values, fuzzed: a refusal in one line, never another exception ------------
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                    st.floats(allow_nan=True), st.text(max_size=5),
+                    st.lists(st.integers(-300, 300), max_size=3),
+                    st.lists(st.text(max_size=3), max_size=3),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_TYPES = st.sampled_from(["uint8", "int8", "uint16", "int32", "uint64", "float32", "float64",
+                          "bool", "string", "array[uint8]", "array[string]",
+                          "array[array[int8]]", "array", "nope", ""])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(entries=st.dictionaries(st.sampled_from(["k.a", "general.alignment", "", "k\0b"]),
+                               st.one_of(st.none(), st.tuples(_TYPES, _VALUES)), max_size=3))
+def test_journal_values_compose_or_are_refused_in_one_line(tmp_path_factory, entries):
+    """Any (type, value) a journal may hold: the composer makes a file GGUFReader reads with
+    those values, or refuses with an EditError (the mount's one line), never another
+    exception."""
+    from tensorfs.editing.compose import EditError, compose
+    from tensorfs.editing.store import EditState
+    from tensorfs.loading.loader import load_model
+
+    work = tmp_path_factory.mktemp("fuzz")
+    path = write_kv_gguf(work / "m.gguf", tool_kvs(), tool_tensors())
+    model = load_model(str(path))
+    try:
+        f = model.files[0]
+        source = model.sources[f.path]
+        state = EditState({k: v for k, v in entries.items() if v is not None or k == "k.a"}, {})
+        try:
+            composed = compose(f, source.read(0, f.header_size), source, state, None)
+        except EditError as error:
+            assert "\n" not in str(error)
+            return
+        (work / "out.gguf").write_bytes(composed.read(0, composed.size))
+        fields = field_types(work / "out.gguf")
+        for key, typed in state.metadata.items():
+            if typed is not None and typed[0] in ("uint8", "int32", "string", "bool"):
+                assert fields[key][0] == typed[1]
+    finally:
+        model.close()

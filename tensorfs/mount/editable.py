@@ -593,6 +593,7 @@ class Editor:
             if not key or "\0" in key:
                 raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
                                   "name without NUL")
+            self._canonical(name, key)
             if len(self._scratch) >= MAX_SCRATCH_FILES:
                 raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
                                   "not yet keys are open or left: remove some")
@@ -762,6 +763,13 @@ class Editor:
             scratch.handle.created = False
         self._key_of[node.ino] = key
         self._show_key(key, typed)
+
+    def _canonical(self, name: str, key: str) -> None:
+        """A key name is the one metadata/ shows for its key: another spelling of it
+        (``a%2Eb`` for ``a.b``) would make a second file of one key."""
+        if is_key_name(name, self.model_file.format) and metadata_file_name(key) != name:
+            raise EditRefused(errno.EINVAL, f"metadata/{name}: the file of key {key!r} is "
+                              f"metadata/{metadata_file_name(key)}")
 
     def _leave_type(self, name: str, node) -> None:
         self._left_types.pop(name, None)
@@ -934,6 +942,7 @@ class Editor:
         if not new_key or "\0" in new_key:
             raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
                               "without NUL")
+        self._canonical(new_name, new_key)
         target = children.get(new_name)
         target_key = self._key_of.get(target.ino) if target is not None else None
         text = bytes(scratch.view.data) if scratch is not None else node.view.read(0, node.view.size)
