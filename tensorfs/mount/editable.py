@@ -392,7 +392,8 @@ class Editor:
             model = self.edited_model()
             paths, plans = describe(model, self.layout)
             return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
-        self.metadata_json.view = GeneratedView(self.cache, ("metadata.json", version), produce)
+        self.metadata_json.view = _GeneratedVersion(self.cache, ("metadata.json", version),
+                                                    produce)
 
     # -- the tree ----------------------------------------------------------------------------
     def saw(self, parent_ino: int, name: str, node) -> None:
@@ -1105,6 +1106,14 @@ class ComposedView(View):
 
     def read(self, offset: int, size: int) -> bytes:
         return self.editor.composed(self.path).read(offset, size)
+
+
+class _GeneratedVersion(GeneratedView):
+    """metadata.json as one edit left it: a reader that opened it reads that version (its
+    handle holds the view), not the next edit's bytes from the middle of the file on."""
+
+    def snapshot(self) -> GeneratedView:
+        return self
 
 
 class _Bytes:
