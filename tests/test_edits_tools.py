@@ -132,12 +132,17 @@ def test_text_that_does_not_read_in_the_keys_type_is_refused_and_the_value_stays
         with pytest.raises(OSError) as caught:
             _python_atomic_write(eos, "one\n")
         assert caught.value.errno == 22
+        with pytest.raises(OSError) as caught:
+            _python_atomic_write_inside(eos, "one\n")         # KEY.tmp: never a key either
+        assert caught.value.errno == 22
+        os.unlink(f"{eos}.tmp")
     else:
         result = _edit(tool, eos, "1", "one")
         assert result.returncode != 0
     assert eos.read_text() == "1\n"
-    assert field_types(mnt / "files" / "model.gguf")["tokenizer.ggml.eos_token_id"] \
-        == (1, [GV.UINT32])
+    served = mnt / "files" / "model.gguf"
+    assert field_types(served)["tokenizer.ggml.eos_token_id"] == (1, [GV.UINT32])
+    assert served.read_bytes() == model.read_bytes()
 
 
 def test_scratch_files_never_reach_the_model(tmp_path, model, mount):

@@ -90,17 +90,20 @@ def _unescape(name: str) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-# the temporary names of sed -i (sedXXXXXX), perl -pi (XXXXXXXX) and Python's tempfile
-_TOOL_TEMPORARY = re.compile(r"sed[A-Za-z0-9]{6}|XX[A-Za-z0-9]{6}|tmp[a-z0-9_]{8}")
+# the temporary names of sed -i (sedXXXXXX), perl -pi (XXXXXXXX) and Python's tempfile, and
+# the suffixes of a temporary or backup copy (KEY.tmp renamed over KEY)
+_TOOL_TEMPORARY = re.compile(r"sed[A-Za-z0-9]{6}|XX[A-Za-z0-9]{6}|tmp[a-z0-9_]{8}"
+                             r"|.*\.(tmp|temp|new|old|bak|orig|part|swp|swo|swx)")
 
 
 def is_key_name(name: str, fmt: str) -> bool:
     """Whether a new file of metadata/ named ``name`` is a key once it is closed, or a
     scratch file of the mount (docs/editing.md): a name that starts with ``.`` (vim's
-    ``.KEY.swp``), ends with ``~`` (a backup), is only digits (vim's ``4913``) or is a
+    ``.KEY.swp``), ends with ``~`` (a backup), is only digits (vim's ``4913``), is a
     tool's temporary name (sed's ``sedAbC123``, perl's ``XXwdnW4t``, Python's
-    ``tmpk2j3x9ab``) is scratch, and so, in a GGUF model, whose keys are dotted
-    (``general.name``), is a name without a dot inside it."""
+    ``tmpk2j3x9ab``) or ends with ``.tmp``, ``.new``, ``.bak`` ... (``KEY.tmp``) is scratch,
+    and so, in a GGUF model, whose keys are dotted (``general.name``), is a name without a
+    dot inside it."""
     if not name or name.startswith(".") or name.endswith("~") or name.isdigit() \
             or _TOOL_TEMPORARY.fullmatch(name):
         return False
