@@ -142,7 +142,7 @@ def edited_metadata(metadata, state: EditState) -> dict:
 def edited_tensors(tensors, state: EditState) -> list[tuple[TensorInfo, object]]:
     """(tensor with its name now, replacement data name or None) of every tensor kept, in
     the model's order."""
-    out = []
+    out: list[tuple[TensorInfo, object]] = []
     for t in tensors:
         edit = state.tensors.get(t.name)
         if edit is None:
@@ -158,8 +158,7 @@ def _alignment(model_file: ModelFile, state: EditState) -> int:
     """The edited file's ``general.alignment``: the model's (the parser accepted it) unless
     an edit sets it, checked then (a power of two, at most ``MAX_ALIGNMENT``)."""
     if "general.alignment" not in state.metadata:
-        value = model_file.metadata.get("general.alignment")
-        return DEFAULT_ALIGNMENT if value is None else value.value()
+        return model_file.alignment or DEFAULT_ALIGNMENT
     edit = state.metadata["general.alignment"]
     if edit is None:
         return DEFAULT_ALIGNMENT
@@ -240,7 +239,7 @@ class Composer:
             placed.append((t, rel))
             ne = t.shape[::-1]
             infos += [enc.string(t.name), enc.u32(len(ne)), *(enc.length(d) for d in ne),
-                      enc.u32(t.ggml_type), struct.pack(self.order + "Q", rel)]
+                      enc.u32(t.ggml_type or 0), struct.pack(self.order + "Q", rel)]
             if t.nbytes:
                 reader, at = (self.source, t.offset) if replacement is None \
                     else (self.data(replacement), 0)

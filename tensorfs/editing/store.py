@@ -138,7 +138,7 @@ class EditState:
         types and sizes) is checked by the one who knows the model (``Editor``)."""
         metadata_doc = _object(doc.get("metadata", {}), "metadata")
         tensors_doc = _object(doc.get("tensors", {}), "tensors")
-        metadata = {}
+        metadata: dict[str, tuple[str, object] | None] = {}
         for key, v in metadata_doc.items():
             if v is None:
                 metadata[key] = None
@@ -357,15 +357,15 @@ class EditStore:
             if not isinstance(log, str) or not _LOG_NAME.fullmatch(log):
                 raise _refused(self.root, f"its {JOURNAL} names {log!r}, not a log of the store")
             self._log = log
-            state = self._replay_log(state)
+            state = self._replay_log(state, log)
         return state
 
-    def _replay_log(self, state: EditState) -> EditState:
-        data = self._read(self._fd, self._log, 1 << 30) or b""
+    def _replay_log(self, state: EditState, log: str) -> EditState:
+        data = self._read(self._fd, log, 1 << 30) or b""
         lines = data.split(b"\n")
         if lines[-1]:
             # a last line cut short: an edit never answered (the daemon died writing it)
-            fd = os.open(self._log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+            fd = os.open(log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
             try:
                 os.ftruncate(fd, len(data) - len(lines[-1]))
                 os.fsync(fd)
@@ -376,7 +376,7 @@ class EditStore:
                 delta = json.loads(line, object_pairs_hook=_no_duplicates)
                 state = state.apply(_object(delta, "line"))
             except (ValueError, TypeError, RecursionError) as error:
-                raise _refused(self.root, f"its {self._log} cannot be read: line {number}: "
+                raise _refused(self.root, f"its {log} cannot be read: line {number}: "
                                           f"{error}") from None
         self._log_size = len(data) - len(lines[-1])
         return state
@@ -445,15 +445,15 @@ class EditStore:
     def _keep(self, state: EditState) -> None:
         """``state`` on disk: one line appended to the log, or the journal written whole
         (no journal yet, a log grown past it, a change a line cannot say)."""
-        delta = None
-        if self._log is not None and self._log_size < max(LOG_FOLD, self._journal_size):
+        log, delta = self._log, None
+        if log is not None and self._log_size < max(LOG_FOLD, self._journal_size):
             delta = self.state.delta_to(state)
-        if delta is None:
+        if log is None or delta is None:
             self._fold(state)
             return
         line = json.dumps(delta, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
         if self._log_fd is None:
-            self._log_fd = os.open(self._log, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            self._log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                    | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._fd)
             _fsync_dir(self._fd)
         view = memoryview(line)

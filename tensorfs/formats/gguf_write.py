@@ -94,7 +94,7 @@ class ValueWriter:
             return self.string(value)
         if type_name not in TYPE_IDS or type_name == "array":
             raise ValueError(f"values of type {type_name!r} cannot be written")
-        fmt = GGUF_VALUE_TYPES[TYPE_IDS[type_name]][1]
+        fmt = GGUF_VALUE_TYPES[TYPE_IDS[type_name]][1] or ""
         if type_name == "bool":
             if type(value) is not bool:
                 raise ValueError(f"{_shown(value)} is not a bool")

@@ -248,7 +248,7 @@ class Editor:
             elif not _valid_type(typed[0], fmt):
                 raise EditError(f"{where}: {key!r} has type {typed[0]!r}, not a metadata type "
                                 f"of a {fmt} model")
-        names = {}
+        names: dict[str, str] = {}
         for t in self.model.tensors:
             edit = state.tensors.get(t.name)
             name = t.name if edit is None else edit.name
@@ -957,8 +957,9 @@ class Editor:
                                  "the key keeps its value")
             new_key = target_key
         elif is_key_name(new_name, fmt):
-            typed = self._key_typed(key) if key is not None else \
-                self._parsed(new_key, scratch.type_name or "string", text, "the key is not made")
+            typed = self._key_typed(key) if key is not None else self._parsed(
+                new_key, (scratch.type_name if scratch is not None else None) or "string", text,
+                "the key is not made")
         else:
             typed = None                    # a scratch file afterwards
         if typed is not None:
