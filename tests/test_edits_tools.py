@@ -420,3 +420,24 @@ def test_the_journal_log_folds_and_a_reopened_store_has_every_edit(tmp_path):
     assert len(list(root.glob("edits-*.log"))) == 1
     assert (root / "edits.json").stat().st_size > 4096          # folded at least once
     again.close()
+
+
+def test_a_journal_written_before_the_log_still_opens(tmp_path):
+    """A DIR of an earlier tensorfs (edits.json indented, no log named): its edits load, the
+    next edit folds the journal into the new form, and it opens again."""
+    from tensorfs.editing.store import EditState, EditStore
+
+    store = EditStore(str(tmp_path / "edits"), [])
+    store.close()
+    root = tmp_path / "edits" / "tensorfs-edits.v1"
+    (root / "edits.json").write_text(json.dumps(
+        {"format": 1, "source": [], "metadata": {"a.b": {"type": "uint32", "value": 3}},
+         "tensors": {"t": {"name": "u", "data": None}}}, indent=1) + "\n")
+    store = EditStore(str(tmp_path / "edits"), [])
+    assert store.state == EditState({"a.b": ("uint32", 3)}, store.state.tensors)
+    assert store.state.tensors["t"].name == "u"
+    store.commit(store.state.with_metadata("c.d", ("string", "x")))
+    store.close()
+    again = EditStore(str(tmp_path / "edits"), [])
+    assert list(again.state.metadata) == ["a.b", "c.d"]
+    again.close()
