@@ -53,6 +53,11 @@ test-system-deps:
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
 	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
+	@# vim and perl: the edit tests rewrite metadata files with them (tests/test_edits_tools.py)
+	@{ command -v vim >/dev/null || command -v vim.tiny >/dev/null; } && command -v perl >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install vim-tiny and perl (apt-get)" >&2; exit 1; fi; \
+	  echo "installing vim-tiny and perl (for the edit tests) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq vim-tiny perl; }
 	@# nginx: the remote tests run their own (tests/support/servers.py); its system service is never started
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \

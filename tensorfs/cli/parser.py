@@ -160,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     mount = sub.add_parser("mount", help="mount MODEL at MOUNTPOINT",
-                           description="Mount MODEL read-only at MOUNTPOINT (an empty directory) "
-                           "and return once the mount is live.  MODEL is " + MODEL_HELP + ".")
+                           description="Mount MODEL at MOUNTPOINT (an empty directory) and return "
+                           "once the mount is live: read-only, or editable by its owner with "
+                           "--edits DIR.  MODEL is " + MODEL_HELP + ".")
     mount.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory, or "
                        "/dev/fd/N: a /dev/fuse descriptor another process mounted "
@@ -197,9 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also keep fetched blocks of a URL's files on disk, in DIR "
                             f"(default SIZE {DEFAULT_DISK_CACHE_SIZE}); reused by later mounts")
     mount.add_argument("--edits", metavar="DIR", type=os.path.abspath,
-                       help="let the mount's owner edit metadata and tensors, kept in DIR "
-                            "(reused by later mounts of the same model); files/ serves the "
-                            "edited model (docs/editing.md)")
+                       help="let the mount's owner edit metadata and tensors with ordinary "
+                            "tools (echo, cp, sed -i, vim ...), kept in DIR (reused by later "
+                            "mounts of the same model); files/ serves the edited model "
+                            "(docs/editing.md); without it the mount is read-only")
 
     for name in ("unmount", "umount"):
         un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"

@@ -2,9 +2,12 @@
 to the model, and the tree kept true to the edits (docs/editing.md).
 
 - ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
-  closed (``metadata_files.parse_text``); a new file adds a key (a string, or the type
-  given by the ``user.tensorfs.type`` extended attribute set before the first close);
-  ``rm`` deletes the key, ``mv`` renames it.
+  closed (``metadata_files.parse_text``); a new file is a scratch file of the mount (in
+  memory, never in the model: a tool's temporary, swap or backup file) until it is closed
+  under a key name (``is_key_name``: then a new key, a string or the type given by the
+  ``user.tensorfs.type`` extended attribute) or renamed onto a key (its text read in that
+  key's type: ``sed -i``); ``rm`` deletes the key, ``mv`` renames it.  Only
+  ``user.tensorfs.type`` changes a key's type.
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
   with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
   ``rm`` of either removes the tensor, ``mv`` renames it.
@@ -36,8 +39,8 @@ from collections.abc import Callable
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import (
     ComposedFile,
+    Composer,
     EditError,
-    compose,
     edited_tensors,
     encode_array,
 )
@@ -70,6 +73,10 @@ NPY_SLACK = 1 << 16
 # Versions of a file of files/ replaced by an edit and not open, kept all the same: the
 # kernel opens what a lookup answered, which an edit in between may have replaced.
 OLD_VERSIONS_KEPT = 16
+# Scratch files of metadata/ (a tool's temporary, swap and backup files): at most this many,
+# holding at most this much in all.
+MAX_SCRATCH_FILES = 64
+MAX_SCRATCH_BYTES = 64 << 20
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
 
 
@@ -89,6 +96,26 @@ def _unescape(name: str) -> str:
     raw = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
                  name.encode("utf-8", "surrogateescape"))
     return raw.decode("utf-8", "surrogateescape")
+
+
+# the temporary names of sed -i (sedXXXXXX), perl -pi (XXXXXXXX) and Python's tempfile, and
+# the suffixes of a temporary or backup copy (KEY.tmp renamed over KEY)
+_TOOL_TEMPORARY = re.compile(r"sed[A-Za-z0-9]{6}|XX[A-Za-z0-9]{6}|tmp[a-z0-9_]{8}"
+                             r"|.*\.(tmp|temp|new|old|bak|orig|part|swp|swo|swx)")
+
+
+def is_key_name(name: str, fmt: str) -> bool:
+    """Whether a new file of metadata/ named ``name`` is a key once it is closed, or a
+    scratch file of the mount (docs/editing.md): a name that starts with ``.`` (vim's
+    ``.KEY.swp``), ends with ``~`` (a backup), is only digits (vim's ``4913``), is a
+    tool's temporary name (sed's ``sedAbC123``, perl's ``XXwdnW4t``, Python's
+    ``tmpk2j3x9ab``) or ends with ``.tmp``, ``.new``, ``.bak`` ... (``KEY.tmp``) is scratch,
+    and so, in a GGUF model, whose keys are dotted (``general.name``), is a name without a
+    dot inside it."""
+    if not name or name.startswith(".") or name.endswith("~") or name.isdigit() \
+            or _TOOL_TEMPORARY.fullmatch(name):
+        return False
+    return fmt != "gguf" or "." in name.strip(".")
 
 
 def _valid_type(type_name: str, fmt: str) -> bool:
@@ -266,16 +293,23 @@ class _BufferedWrite(WriteHandle):
 
 class MetadataWrite(_BufferedWrite):
     """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
+    ``key`` None: a scratch file of metadata/ (``Editor._scratch_handle``: its ``buf`` is
+    the scratch file's bytes, written in place), a key only once closed under a key name.
     ``created``: a key that exists only once this text is kept."""
 
-    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool, key: str,
-                 type_name: str, created: bool = False):
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 key: str | None, type_name: str, created: bool = False):
         super().__init__(editor, node, limit, truncate)
         self.key = key
         self.type_name = type_name
         self.created = created
 
     def _write(self, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if self.key is None and end > len(self.buf) \
+                and self.editor._scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
+            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
+                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
         super()._write(offset, data)
         if self.type_name != "string" and not self.type_name.startswith("array") \
                 and self.buf.endswith(b"\n"):
@@ -285,8 +319,9 @@ class MetadataWrite(_BufferedWrite):
                 parse_text(self.type_name, bytes(self.buf))
             except TextError as error:
                 self.dirty = True
-                raise EditRefused(errno.EINVAL, f"metadata/{self.key}: {error} "
-                                  f"(the key keeps its value)") from None
+                what = "the key keeps its value" if self.key is not None else "not a key"
+                raise EditRefused(errno.EINVAL, f"metadata/{self.key or 'file'}: {error} "
+                                  f"({what})") from None
 
     def _keep(self) -> None:
         self.editor._flush_metadata(self)
@@ -351,6 +386,36 @@ class RawWrite(WriteHandle):
             return pending.read_into(offset, buf)
 
 
+class ScratchView(View):
+    """A scratch file of metadata/: its bytes, in memory, changed in place by its writers."""
+
+    cheap_size = True
+
+    def __init__(self, data: bytearray | None = None):
+        self.data = bytearray() if data is None else data
+        self.mtime_ns = time.time_ns()
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.data[offset:offset + size])
+
+
+class Scratch:
+    """A file made in metadata/ that is not a key (yet): its name, its bytes (``view``), the
+    type given by ``user.tensorfs.type`` (None: a string, or the type of the key it replaces),
+    and the handle that created it while that is open."""
+
+    def __init__(self, name: str, node: FileNode, view: ScratchView, type_name: str | None):
+        self.name = name
+        self.node = node
+        self.view = view
+        self.type_name = type_name
+        self.handle: MetadataWrite | None = None
+
+
 class Editor:
     """The edits of one mounted model (one file, shards or splits), applied to its tree."""
 
@@ -365,6 +430,8 @@ class Editor:
         self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
         self.sources = {f.path: mounted.sources[f.path] for f in model.files}
         self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
+        self.composers = {f.path: Composer(f, self.headers[f.path], self.sources[f.path],
+                                           store.data) for f in model.files}
         self.tree = mounted.tree
         self.cache = mounted.cache
         self.budget = mounted.budget
@@ -383,10 +450,14 @@ class Editor:
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
-        self._creating: dict[int, MetadataWrite] = {}   # a new key's inode -> its handle
         self._writers: dict[int, WriteHandle] = {}      # inode -> its write session
         self._readers: dict[int, int] = {}      # a version of files/ -> its open readers
         self._old: dict[int, None] = {}         # versions of files/ no longer current, oldest first
+        self._scratch: dict[int, Scratch] = {}      # a scratch file's inode -> it
+        # name -> type of a key removed or renamed to a scratch name: a file made again under
+        # that name is read in that type (mv from another file system: unlink, then create;
+        # vim's backup by rename: KEY to KEY~, then a new KEY)
+        self._left_types: dict[str, str] = {}
         self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
@@ -396,6 +467,9 @@ class Editor:
                 if node is not None:
                     self._key_of[node.ino] = key
                     node.xattrs = {TYPE_XATTR: value.type_name.encode()}
+                    # a key's time is its own last change: an edit of another key or a
+                    # tool's scratch file is no change of this file (vim checks)
+                    node.view.mtime_ns = self.mtime_ns
         self.metadata_json = self.tree.lookup("/metadata.json")
         self.whole_files: list = []
         self._whole_paths: list[str] = []
@@ -410,8 +484,51 @@ class Editor:
                     self._whole_paths.append(f.path)
             if model.files[0].format == "safetensors" and len(model.files) > 1:
                 self._serve_index(files)
+        self._composed = (store.state, self._check_kept(store.state))
         self._replay(store.state)
         self._refresh_generated()
+
+    def _check_kept(self, state: EditState) -> dict:
+        """The edits kept in DIR, checked against the model as strictly as a model's header
+        is (DIR is input: a hand-edited journal, a data file gone or cut short): the files
+        they compose to, or ``EditError`` naming what is wrong, in one line."""
+        where = f"{self.store.root}/edits.json"
+        if state.metadata and not self.metadata_editable:
+            raise EditError(f"{where}: edits a sharded safetensors model's metadata (its "
+                            "index's, which is not edited)")
+        fmt = self.model_file.format
+        for key, typed in state.metadata.items():
+            if typed is None:
+                if key not in self.model_file.metadata:
+                    raise EditError(f"{where}: deletes {key!r}, which the model does not have")
+            elif not _valid_type(typed[0], fmt):
+                raise EditError(f"{where}: {key!r} has type {typed[0]!r}, not a metadata type "
+                                f"of a {fmt} model")
+        names: dict[str, str] = {}
+        for t in self.model.tensors:
+            edit = state.tensors.get(t.name)
+            name = t.name if edit is None else edit.name
+            if name is not None and names.setdefault(name, t.name) != t.name:
+                raise EditError(f"{where}: two tensors are named {name!r}")
+        for original, edit in state.tensors.items():
+            t = self._by_name.get(original)
+            if t is None:
+                raise EditError(f"{where}: edits tensor {original!r}, which the model does "
+                                "not have")
+            if edit.data is None:
+                continue
+            try:
+                size = self.store.data(edit.data).size
+            except OSError as error:
+                raise EditError(f"{where}: the new bytes of {original!r} cannot be opened "
+                                f"({edit.data}: {error.strerror})") from None
+            if size != t.nbytes:
+                raise EditError(f"{where}: the new bytes of {original!r} ({edit.data}) are "
+                                f"{size} bytes, the tensor holds {t.nbytes}")
+        try:
+            return self._compose_all(state)
+        except (EditError, TextError) as error:
+            raise EditError(f"{where}: {error}") from None
 
     def _serve_index(self, files) -> None:
         """A sharded safetensors model's index in files/: its weight_map follows the
@@ -473,19 +590,19 @@ class Editor:
         """path -> ComposedFile of every model file.  Metadata edits go to the metadata
         file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
         out = {}
-        total = sum(1 for t in self.model.tensors
-                    if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
         for f in self.files:
             if f is self.model_file:
                 file_state = state
                 count = f.metadata.get("split.tensors.count")
-                if count is not None and len(self.files) > 1 and count.value() != total:
-                    file_state = state.with_metadata("split.tensors.count",
-                                                     (count.type_name, total))
+                if count is not None and len(self.files) > 1:
+                    total = sum(1 for t in self.model.tensors
+                                if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
+                    if count.value() != total:
+                        file_state = state.with_metadata("split.tensors.count",
+                                                         (count.type_name, total))
             else:
-                file_state = EditState({}, state.tensors)
-            out[f.path] = compose(f, self.headers[f.path], self.sources[f.path], file_state,
-                                  self.store.data)
+                file_state = EditState({}, state.tensors)     # its composer keeps its layout
+            out[f.path] = self.composers[f.path].compose(file_state)
         return out
 
     def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
@@ -583,7 +700,8 @@ class Editor:
         if isinstance(node, DirNode):
             return node is self.tree.root or node is self.meta_dir or node.ino in self._dir_paths \
                 and self._dir_paths[node.ino].split("/")[0] not in READ_ONLY_TOP
-        return node.ino in self._key_of or self._original(node) is not None
+        return node.ino in self._key_of or node.ino in self._scratch \
+            or self._original(node) is not None
 
     def _original(self, node) -> str | None:
         """The original name of the tensor a file is of, or None."""
@@ -700,6 +818,7 @@ class Editor:
 
         value = typed_value(*typed)
         view = metadata_view(self.cache, key, value, next(self.version))
+        view.mtime_ns = time.time_ns()
         node = children.get(name)
         if node is None:
             node = children[name] = self.tree.new_node(view)
@@ -730,12 +849,9 @@ class Editor:
     def _new_writer(self, node: FileNode, truncate: bool) -> WriteHandle:
         """Opened with O_TRUNC: the file is empty now, and closing it is an edit (``cp
         /dev/null metadata/KEY`` sets the empty string) even with nothing written."""
-        pending = self._creating.get(node.ino)
-        if pending is not None:
-            handle = MetadataWrite(self, node, pending.limit, True, pending.key,
-                                   pending.type_name, created=True)
-            handle.buf = bytearray(pending.buf)
-            return handle
+        scratch = self._scratch.get(node.ino)
+        if scratch is not None:
+            return self._scratch_handle(scratch, truncate)
         key = self._key_of.get(node.ino)
         if key is not None:
             return MetadataWrite(self, node, max(MAX_METADATA_TEXT, 2 * node.view.size),
@@ -817,18 +933,38 @@ class Editor:
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
-            if not key:
-                raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
-            node = self.tree.new_node(GeneratedView(self.cache, ("new key", name,
-                                                                 next(self.version)), lambda: b""))
-            node.xattrs = {TYPE_XATTR: b"string"}
-            parent.children[name] = node
-            handle = MetadataWrite(self, node, MAX_METADATA_TEXT, True, key, "string",
-                                   created=True)
+            if not key or "\0" in key:
+                raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
+                                  "name without NUL")
+            self._canonical(name, key)
+            if len(self._scratch) >= MAX_SCRATCH_FILES:
+                raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
+                                  "not yet keys are open or left: remove some")
+            scratch = self._new_scratch(name, ScratchView(), self._left_types.pop(name, None))
+            handle = self._scratch_handle(scratch, True)
             handle.dirty = True
-            self._creating[node.ino] = self._writers[node.ino] = handle
-            self._touch(parent)
-            return node, handle
+            scratch.handle = self._writers[scratch.node.ino] = handle
+            return scratch.node, handle
+
+    def _new_scratch(self, name: str, view: ScratchView, type_name: str | None) -> Scratch:
+        """A scratch file ``name`` of metadata/ (in the tree; not a key)."""
+        node = self.tree.new_node(view)
+        scratch = Scratch(name, node, view, type_name)
+        node.xattrs = {TYPE_XATTR: (type_name or "string").encode()}
+        self.meta_dir.children[name] = node
+        self._scratch[node.ino] = scratch
+        self._touch(self.meta_dir, node)
+        return scratch
+
+    def _scratch_handle(self, scratch: Scratch, truncate: bool) -> MetadataWrite:
+        """A write session of a scratch file (a ``MetadataWrite`` of no key yet) that writes
+        the file's bytes in place (a rename or a read before the close sees them)."""
+        handle = MetadataWrite(self, scratch.node, MAX_METADATA_TEXT, True, None,
+                               scratch.type_name or "string", created=True)
+        if truncate:
+            del scratch.view.data[:]
+        handle.buf = scratch.view.data
+        return handle
 
     # -- writing -----------------------------------------------------------------------------
     def truncate(self, node, size: int) -> None:
@@ -847,9 +983,11 @@ class Editor:
         with self._editing():
             if not _valid_type(type_name, self.model_file.format):
                 raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                pending.type_name = type_name
+            scratch = self._scratch.get(node.ino)
+            if scratch is not None:
+                scratch.type_name = type_name
+                if scratch.handle is not None:
+                    scratch.handle.type_name = type_name
                 node.xattrs = {TYPE_XATTR: type_name.encode()}
                 return
             key = self._key_of.get(node.ino)
@@ -864,17 +1002,64 @@ class Editor:
 
     # -- closing: the edit takes effect (WriteHandle.flush calls these) ---------------------
     def _flush_metadata(self, handle: MetadataWrite) -> None:
+        if handle.key is None:
+            self._flush_scratch(handle)
+            return
         try:
             value = parse_text(handle.type_name, bytes(handle.buf))
         except TextError as error:
             raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
                               f"(the key keeps its value)") from None
-        if handle.created and self._creating.get(handle.node.ino) is None \
-                and handle.node.ino not in self._key_of:
+        if handle.node.ino not in self._key_of:
             raise EditRefused(errno.ENOENT, f"metadata/{handle.key}: removed meanwhile")
         self._set_key(handle.key, (handle.type_name, value))
-        self._creating.pop(handle.node.ino, None)
-        handle.created = False
+
+    def _flush_scratch(self, handle: MetadataWrite) -> None:
+        """A scratch file closed: under a key name it becomes that key (in the type set on
+        it, else a string); under a scratch name it stays what it is."""
+        scratch = self._scratch.get(handle.node.ino)
+        if scratch is None:         # renamed over a key, or removed, while open
+            return
+        scratch.view.mtime_ns = time.time_ns()
+        if not is_key_name(scratch.name, self.model_file.format):
+            return
+        key = _unescape(scratch.name)
+        typed = self._parsed(key, scratch.type_name or "string", bytes(scratch.view.data),
+                             "the key is not made")
+        self._commit(self.state.with_metadata(key, typed))
+        self._become_key(handle.node, key, typed)
+        handle.key, handle.buf, handle.created = key, bytearray(handle.buf), False
+
+    @staticmethod
+    def _parsed(key: str, type_name: str, text: bytes, outcome: str) -> tuple:
+        try:
+            return type_name, parse_text(type_name, text)
+        except TextError as error:
+            raise EditRefused(errno.EINVAL, f"metadata/{key}: {error} ({outcome})") from None
+
+    def _become_key(self, node, key: str, typed) -> None:
+        """A scratch file's node is now the file of ``key`` (committed already)."""
+        scratch = self._scratch.pop(node.ino, None)
+        if scratch is not None and scratch.handle is not None:
+            scratch.handle.created = False
+        self._key_of[node.ino] = key
+        self._show_key(key, typed)
+
+    def _canonical(self, name: str, key: str) -> None:
+        """A key name is the one metadata/ shows for its key: another spelling of it
+        (``a%2Eb`` for ``a.b``) would make a second file of one key."""
+        if is_key_name(name, self.model_file.format) and metadata_file_name(key) != name:
+            raise EditRefused(errno.EINVAL, f"metadata/{name}: the file of key {key!r} is "
+                              f"metadata/{metadata_file_name(key)}")
+
+    def _leave_type(self, name: str, node) -> None:
+        self._left_types.pop(name, None)
+        self._left_types[name] = node.xattrs[TYPE_XATTR].decode()
+        while len(self._left_types) > MAX_SCRATCH_FILES:
+            del self._left_types[next(iter(self._left_types))]
+
+    def _scratch_bytes(self) -> int:
+        return sum(len(s.view.data) for s in self._scratch.values())
 
     def _set_key(self, key: str, typed) -> None:
         self._commit(self.state.with_metadata(key, typed))
@@ -936,14 +1121,15 @@ class Editor:
             finally:
                 with handle.lock:
                     handle._drop()
-            if isinstance(handle, MetadataWrite) and handle.created \
-                    and self._creating.get(handle.node.ino) is handle:
-                # a new key never closed with a value it reads as: not made
-                del self._creating[handle.node.ino]
-                for name, node in list(self.meta_dir.children.items()):
-                    if node is handle.node:
-                        del self.meta_dir.children[name]
-                self._touch(self.meta_dir)
+            scratch = self._scratch.get(handle.node.ino)
+            if scratch is not None and scratch.handle is handle:
+                scratch.handle = None
+                if is_key_name(scratch.name, self.model_file.format):
+                    # a new key never closed with a value it reads as: not made
+                    del self._scratch[handle.node.ino]
+                    if self.meta_dir.children.get(scratch.name) is handle.node:
+                        del self.meta_dir.children[scratch.name]
+                    self._touch(self.meta_dir)
 
     # -- removing and renaming ---------------------------------------------------------------
     def ghost(self, parent, name: str):
@@ -965,15 +1151,15 @@ class Editor:
                 raise EditRefused(errno.ENOENT, name)
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, name)
-            if node.ino in self._creating:
-                del self._creating[node.ino]
+            if node.ino in self._scratch:
+                del self._scratch[node.ino]
                 del parent.children[name]
                 self._touch(parent)
                 return
             key = self._key_of.get(node.ino)
             if key is not None and parent is self.meta_dir:
-                self._commit(self.state.with_metadata(key, None) if key in self.model_file.metadata
-                             else self.state.without_metadata(key))
+                self._commit(self._without_key(self.state, key))
+                self._leave_type(name, node)
                 self._show_key(key, None)
                 return
             original = self._original(node)
@@ -1020,25 +1206,75 @@ class Editor:
                 self._rename_tensor(node, parent, new_parent, new_name)
             self._touch(parent, new_parent)
 
-    def _rename_key(self, node, name: str, new_name: str) -> None:
-        key = self._key_of.get(node.ino)
-        if key is None:
-            raise EditRefused(errno.EPERM, "close a new key before renaming it")
-        new_key = _unescape(new_name)
-        if not new_key:
-            raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
+    def _key_typed(self, key: str) -> tuple:
         typed = self.state.metadata.get(key)
         if typed is None:
             value = self.model_file.metadata[key]
             typed = (value.type_name, value.value())
-        state = self.state.with_metadata(key, None) if key in self.model_file.metadata \
-            else self.state.without_metadata(key)
-        if new_key not in self.model_file.metadata:
-            state = state.without_metadata(new_key)
-        state = state.with_metadata(new_key, typed)
-        self._commit(state)
-        self._show_key(key, None)
-        self._show_key(new_key, typed)
+        return typed
+
+    def _without_key(self, state: EditState, key: str) -> EditState:
+        return state.with_metadata(key, None) if key in self.model_file.metadata \
+            else state.without_metadata(key)
+
+    def _rename_key(self, node, name: str, new_name: str) -> None:
+        """``mv`` inside metadata/ (docs/editing.md): onto a key, the moved file's text is
+        that key's new value, read in that key's type (sed -i, perl -pi, an atomic
+        write's rename); a key to a new key name is renamed, type and all; a scratch file to
+        a key name becomes that key; a key to a scratch name (vim's backup) leaves the model
+        and is a scratch file holding its text, and the type goes to a file made again
+        under the key's name."""
+        fmt = self.model_file.format
+        if new_name == name:
+            return
+        children = self.meta_dir.children
+        key = self._key_of.get(node.ino)
+        scratch = self._scratch.get(node.ino)
+        if key is None and scratch is None:
+            raise EditRefused(errno.EPERM, f"metadata/{name}: not a key nor a new file")
+        new_key = _unescape(new_name)
+        if not new_key or "\0" in new_key:
+            raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
+                              "without NUL")
+        self._canonical(new_name, new_key)
+        target = children.get(new_name)
+        target_key = self._key_of.get(target.ino) if target is not None else None
+        text = bytes(scratch.view.data) if scratch is not None else node.view.read(0, node.view.size)
+        state = self.state if key is None else self._without_key(self.state, key)
+        if target_key is not None:
+            # a replace: the key keeps its type
+            typed = self._parsed(target_key, target.xattrs[TYPE_XATTR].decode(), text,
+                                 "the key keeps its value")
+            new_key = target_key
+        elif is_key_name(new_name, fmt):
+            typed = self._key_typed(key) if key is not None else self._parsed(
+                new_key, (scratch.type_name if scratch is not None else None) or "string", text,
+                "the key is not made")
+        else:
+            typed = None                    # a scratch file afterwards
+        if typed is not None:
+            state = state.with_metadata(new_key, typed)
+        if state is not self.state:
+            self._commit(state)
+        # the tree: the moved node is now at new_name, whatever was there goes
+        if target is not None:
+            self._key_of.pop(target.ino, None)
+            self._scratch.pop(target.ino, None)
+        del children[name]
+        children[new_name] = node
+        if key is not None:
+            self._key_of.pop(node.ino, None)
+            self._touch(node)
+        if typed is not None:
+            self._become_key(node, new_key, typed)
+        elif scratch is not None:
+            scratch.name = new_name
+        else:                               # a key moved to a scratch name
+            view = ScratchView(bytearray(text))
+            node.view = view
+            scratch = self._scratch[node.ino] = Scratch(new_name, node, view, None)
+            self._leave_type(name, node)
+        self._touch(self.meta_dir)
 
     def _tensor_dir(self, directory: DirNode) -> str:
         path = self._dir_paths.get(directory.ino)
@@ -1175,7 +1411,9 @@ class ComposedView(View):
 
 
 class _GeneratedVersion(GeneratedView):
-    """metadata.json of an editable mount, one version of it (``Editor._new_versions``)."""
+    """metadata.json of an editable mount, one version of it (``Editor._new_versions``): a
+    reader that opened it reads that version (its handle holds the view), not the next
+    edit's bytes from the middle of the file on."""
 
     def snapshot(self) -> View:
         return self
