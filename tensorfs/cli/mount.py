@@ -92,8 +92,9 @@ def _editor(args, mounted):
     if directory is None:
         return None
     from tensorfs.editing.compose import EditError
+    from tensorfs.editing.session import EditRefused
     from tensorfs.editing.store import EditsError, EditStore, source_identity
-    from tensorfs.mount.editable import Editor, EditRefused
+    from tensorfs.mount.editable import Editor
 
     try:
         store = EditStore(directory, source_identity(mounted.model, mounted.sources))
