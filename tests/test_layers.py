@@ -197,3 +197,15 @@ def test_editing_knows_nothing_of_the_tree():
     assert "tensorfs.editing.session" in graph["tensorfs.mount.editable"]
     assert "tensorfs.mount.editable" not in graph["tensorfs.mount.edithandles"]
     assert "tensorfs.mount.edithandles" in graph["tensorfs.mount.editable"]
+
+
+def test_a_handle_calls_back_only_what_handle_owner_declares():
+    """The one call-back of an edit's route: a handle calls its ``owner`` (the editor that
+    made it) only through the methods ``edithandles.HandleOwner`` declares."""
+    tree = ast.parse(modules()["tensorfs.mount.edithandles"][0].read_text())
+    owner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HandleOwner")
+    declared = {n.name for n in owner.body if isinstance(n, ast.FunctionDef)}
+    called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+              and (isinstance(n.value, ast.Name) and n.value.id == "owner"
+                   or isinstance(n.value, ast.Attribute) and n.value.attr == "owner")}
+    assert called and called <= declared, called - declared

@@ -208,6 +208,14 @@ class EditSession:
         return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode()
 
     # -- metadata ----------------------------------------------------------------------------
+    @staticmethod
+    def check_key_name(key: str, shown: str) -> None:
+        """Refuse (EINVAL) a key no model holds: empty, or with a NUL (``shown``: the name
+        the user gave)."""
+        if not key or "\0" in key:
+            raise EditRefused(errno.EINVAL, f"{shown!r}: a metadata key is a non-empty name "
+                              "without NUL")
+
     def check_type(self, type_name: str) -> None:
         """Refuse (EINVAL) a type no key of this model may have."""
         if not valid_type(type_name, self.format):

@@ -38,7 +38,6 @@ from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import ComposedFile, typed_value
 from tensorfs.editing.session import Committed, EditRefused, EditSession
 from tensorfs.editing.store import EditState, EditStore, PendingData
-from tensorfs.model import Model
 from tensorfs.mount.edithandles import (
     MAX_SCRATCH_FILES,
     MetadataWrite,
@@ -163,7 +162,7 @@ class Editor:
             for f in model.files:
                 node = files.children.get(entry_name(os.path.basename(f.path)))
                 if node is not None:
-                    node.view = ComposedView(self, f.path, store.state)
+                    node.view = ComposedView(session, f.path, store.state, self.mtime_ns)
                     self.whole_files.append(node)
                     self._whole_paths.append(f.path)
             if session.index is not None:
@@ -179,7 +178,7 @@ class Editor:
                 node = files.children.get(entry_name(companion.name))
                 if node is not None:
                     self.index_node = node
-                    node.view = IndexView(self, self.store.state)
+                    node.view = IndexView(self.session, self.store.state, self.mtime_ns)
                 return
 
     @contextlib.contextmanager
@@ -206,15 +205,6 @@ class Editor:
     def state(self) -> EditState:
         return self.store.state
 
-    def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
-        return self.session.composed(path, state)
-
-    def edited_model(self, state: EditState | None = None) -> Model:
-        return self.session.edited_model(state)
-
-    def index_bytes(self, state: EditState) -> bytes:
-        return self.session.index_bytes(state)
-
     def _shown(self, committed: Committed) -> None:
         """An edit kept by the session, shown: new versions of files/ and metadata.json."""
         self._ghost = None
@@ -233,11 +223,13 @@ class Editor:
         directory = self._files_dir
         replaced = []
         for i, (node, path) in enumerate(zip(self.whole_files, self._whole_paths)):
-            new = self.tree.new_node(ComposedView(self, path, state, composed[path]), node.xattrs)
+            view = ComposedView(self.session, path, state, self.mtime_ns, composed[path])
+            new = self.tree.new_node(view, node.xattrs)
             self.whole_files[i] = new
             replaced.append((node, new))
         if self.index_node is not None:
-            new = self.tree.new_node(IndexView(self, state), self.index_node.xattrs)
+            index = IndexView(self.session, state, self.mtime_ns)
+            new = self.tree.new_node(index, self.index_node.xattrs)
             replaced.append((self.index_node, new))
             self.index_node = new
         for node, new in replaced:
@@ -263,7 +255,7 @@ class Editor:
         state = self.state
 
         def produce():
-            model = self.edited_model(state)
+            model = self.session.edited_model(state)
             paths, plans = describe(model, self.layout)
             return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
         self.metadata_json.view = _GeneratedVersion(self.cache, ("metadata.json", version),
@@ -505,9 +497,7 @@ class Editor:
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
-            if not key or "\0" in key:
-                raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
-                                  "name without NUL")
+            self.session.check_key_name(key, name)
             self._canonical(name, key)
             if len(self._scratch) >= MAX_SCRATCH_FILES:
                 raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
@@ -755,9 +745,7 @@ class Editor:
         if key is None and scratch is None:
             raise EditRefused(errno.EPERM, f"metadata/{name}: not a key nor a new file")
         new_key = _unescape(new_name)
-        if not new_key or "\0" in new_key:
-            raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
-                              "without NUL")
+        self.session.check_key_name(new_key, new_name)
         self._canonical(new_name, new_key)
         target = children.get(new_name)
         target_key = self._key_of.get(target.ino) if target is not None else None
@@ -887,19 +875,19 @@ class ComposedView(View):
     cheap_size = True
     mtime_ns: int | None
 
-    def __init__(self, editor: Editor, path: str, state: EditState,
+    def __init__(self, session: EditSession, path: str, state: EditState, mtime_ns: int,
                  composed: ComposedFile | None = None):
-        self.editor = editor
+        self.session = session
         self.path = path
         self.state = state
         self._file = composed
-        self.mtime_ns = editor.mtime_ns
+        self.mtime_ns = mtime_ns
 
     def file(self) -> ComposedFile:
         found = self._file
         if found is None:
-            with self.editor.lock:
-                found = self._file = self.editor.composed(self.path, self.state)
+            with self.session.lock:
+                found = self._file = self.session.composed(self.path, self.state)
         return found
 
     @property
@@ -932,16 +920,16 @@ class IndexView(View):
     cheap_size = True
     mtime_ns: int | None
 
-    def __init__(self, editor: Editor, state: EditState):
-        self.editor = editor
+    def __init__(self, session: EditSession, state: EditState, mtime_ns: int):
+        self.session = session
         self.state = state
         self._data: bytes | None = None
-        self.mtime_ns = editor.mtime_ns
+        self.mtime_ns = mtime_ns
 
     def _bytes(self) -> bytes:
         data = self._data
         if data is None:
-            data = self._data = self.editor.index_bytes(self.state)
+            data = self._data = self.session.index_bytes(self.state)
         return data
 
     @property
