@@ -48,6 +48,7 @@ import time
 from typing import NamedTuple
 
 from tensorfs.errors import ModelError
+from tensorfs.loading.checkpoints import BytesSource, ComposedSource
 from tensorfs.sources.local import ModelSource, Source, SourceError
 from tensorfs.sources.location import DIRECTORY, LocalLocation
 from tensorfs.views.byteviews import View
@@ -103,7 +104,12 @@ class Facts(NamedTuple):
 
 def owner_of(source) -> tuple[int, int, int] | None:
     """(mode, uid, gid) a served file of ``source`` shows, or None (the mount's own): a
-    local file's, masked read-only; a remote one has no owner of its own."""
+    local file's, masked read-only (a composed one's: its checkpoint's); a remote one has
+    no owner of its own."""
+    if isinstance(source, ComposedSource):
+        source = source.checkpoint
+    elif isinstance(source, BytesSource):
+        source = source.like
     if source.local_fd is None:
         return None
     st = source.stat()
@@ -472,7 +478,13 @@ def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileV
     """File name -> its view, for every file of ``files/``, sorted by name.  ``sources``:
     the model files' sources, by path (default ``model.sources``)."""
     sources = model.sources if sources is None else sources
-    views = {_basename(f.path): WholeFileView(source=sources[f.path]) for f in model.files}
+    views = {}
+    for path, source in sources.items():
+        if isinstance(source, ComposedSource):      # a checkpoint: itself and its composition
+            views[_basename(path)] = WholeFileView(source=source.checkpoint)
+            views[_basename(source.name)] = WholeFileView(source=source)
+        else:
+            views[_basename(path)] = WholeFileView(source=source)
     for companion in model.companions:
         views.setdefault(companion.name, WholeFileView(companion=companion))
     return dict(sorted(views.items()))

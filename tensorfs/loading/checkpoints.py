@@ -1,0 +1,249 @@
+"""A PyTorch checkpoint served as the safetensors file it stands for (docs/pytorch.md).
+
+``served(model)`` turns a model whose files are checkpoints (``tensorfs.formats.pytorch``)
+into one whose files are their safetensors equivalents, composed without copying
+(``tensorfs.editing.compose``'s pieces): a header built here, then each tensor's bytes read
+from its storage in the checkpoint when asked (a non-contiguous tensor's gathered, element
+by element, as ``tensor.contiguous()`` would lay them out).  Every tensor of the mount is
+read through the composed file; the checkpoint itself stays a source of the model, served
+whole and unchanged in ``files/``.
+
+Names: ``pytorch_model.bin`` -> ``model.safetensors``, ``pytorch_model-0000N-of-0000M.bin``
+-> ``model-0000N-of-0000M.safetensors`` (with a ``model.safetensors.index.json``), any other
+``X.bin``/``X.pt``/``X.pth`` -> ``X.safetensors``: the names the Hub's conversion and
+``save_pretrained`` give.
+
+Tied weights (two keys, one view of one storage: same dtype, element 0, shape and strides)
+are written once, as safetensors' ``convert.py`` does: the first name in sorted order is
+kept, each other one is left out of the composed file and named in its ``__metadata__``
+(``{"lm_head.weight": "model.embed_tokens.weight"}``), which is ``{"format": "pt"}``
+besides.  Unlike ``convert.py``, a partial view of a shared storage (a slice of a fused
+matrix) is not dropped: it is written as its own tensor.  The tree serves every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import struct
+import threading
+
+import numpy as np
+
+from tensorfs.editing.compose import ComposedFile, Piece
+from tensorfs.formats import safetensors
+from tensorfs.formats.pytorch import ITEMSIZE
+from tensorfs.model import Model, ModelFile, TensorInfo
+from tensorfs.sources.local import Source
+
+# A non-contiguous tensor up to this size is gathered whole once and kept (the last one):
+# reads of a transposed matrix each touch all of its storage.  A larger one is gathered per
+# read from the span of its storage the read needs.
+GATHER_KEEP_BYTES = 64 << 20
+GATHER_STEP = 1 << 20        # elements gathered per step of a larger one
+
+_SHARD = re.compile(r"pytorch_model(-\d{5}-of-\d{5})\.bin")
+
+
+def safetensors_name(name: str) -> str:
+    """The name of the safetensors file a checkpoint named ``name`` stands for."""
+    if name == "pytorch_model.bin":
+        return "model.safetensors"
+    match = _SHARD.fullmatch(name)
+    if match:
+        return f"model{match[1]}.safetensors"
+    stem, dot, _ = name.rpartition(".")
+    return f"{stem if dot else name}.safetensors"
+
+
+class BytesSource(Source):
+    """A small file made here (an index), served from memory."""
+
+    def __init__(self, name: str, data: bytes, like: Source):
+        self.name = name
+        self.data = data
+        self.size = len(data)
+        self.like = like             # the source whose owner and times it shows
+
+    def read_into(self, offset: int, buf, span=None) -> int:
+        part = self.data[offset:offset + len(buf)]
+        buf[:len(part)] = part
+        return len(part)
+
+    def stat(self):
+        return self.like.stat()
+
+
+class ComposedSource(Source):
+    """The safetensors file composed from one checkpoint read through ``checkpoint``: the
+    source a checkpoint's tensors are read from.  It owns the checkpoint's source (started,
+    aborted and closed with it), which ``files/`` serves whole beside it."""
+
+    def __init__(self, name: str, composed: ComposedFile, checkpoint: Source):
+        self.name = name
+        self.composed = composed
+        self.size = composed.size
+        self.checkpoint = checkpoint
+        self.remote = checkpoint.remote
+        self.version = checkpoint.version
+
+    @property
+    def broken(self):
+        return self.checkpoint.broken
+
+    def read_into(self, offset: int, buf, span=None) -> int:
+        return self.composed.read_into(offset, memoryview(buf).cast("B"))
+
+    def stat(self):
+        return self.checkpoint.stat()
+
+    def vouch(self, offset: int = 0, size: int = 0) -> None:
+        self.checkpoint.vouch()
+
+    def start(self, served_once: bool = True) -> None:
+        self.checkpoint.start(False)        # its bytes are served twice: here and whole
+
+    def abort(self) -> None:
+        self.checkpoint.abort()
+
+    def close(self) -> None:
+        self.checkpoint.close()
+
+
+def _range_piece(start: int, length: int, source: Source, at: int) -> Piece:
+    def read_into(offset, buf):
+        return source.read_into(at + offset, buf)
+    return Piece(start, length, read_into)
+
+
+def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
+    """The bytes of a non-contiguous tensor, in row-major order."""
+    item = ITEMSIZE[t.dtype]
+    dtype = np.dtype(f"V{item}")
+    strides = np.array(t.strides, dtype=np.int64)
+    shape = t.shape
+    numel = t.nbytes // item
+    kept: list = []
+    lock = threading.Lock()
+
+    def storage_elements(first: int, count: int) -> np.ndarray:
+        index = np.unravel_index(np.arange(first, first + count, dtype=np.int64), shape)
+        return sum((i.astype(np.int64) * s for i, s in zip(index, strides)),
+                   np.zeros(count, dtype=np.int64))
+
+    def gathered(first: int, count: int) -> bytes:
+        where = storage_elements(first, count)
+        low, high = int(where.min()), int(where.max()) + 1
+        span = bytearray((high - low) * item)
+        source.read_into(t.offset + low * item, memoryview(span))
+        return np.frombuffer(span, dtype=dtype)[where - low].tobytes()
+
+    def whole() -> bytes:
+        with lock:
+            if not kept:
+                kept.append(gathered(0, numel))
+            return kept[0]
+
+    def read_into(offset, buf):
+        n = len(buf)
+        if t.nbytes <= GATHER_KEEP_BYTES:
+            buf[:] = whole()[offset:offset + n]
+            return n
+        first = offset // item
+        end = -(-(offset + n) // item)
+        done = 0
+        while first < end:
+            count = min(GATHER_STEP, end - first)
+            data = gathered(first, count)
+            skip = offset + done - first * item
+            part = data[skip:skip + n - done]
+            buf[done:done + len(part)] = part
+            done += len(part)
+            first += count
+        return n
+    return Piece(start, t.nbytes, read_into)
+
+
+def _same_view(t: TensorInfo) -> tuple:
+    return (t.file, t.offset, t.dtype, t.shape, t.strides)
+
+
+def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
+    """(the composed file, its ModelFile -- named ``checkpoint``'s path, its tensors' offsets
+    in the composed file --, every tensor of ``checkpoint`` as read from it)."""
+    kept: dict[tuple, TensorInfo] = {}
+    for t in sorted(checkpoint.tensors, key=lambda t: t.name):
+        kept.setdefault(_same_view(t), t)
+    written = [t for t in checkpoint.tensors if kept[_same_view(t)] is t]
+    meta = {"format": "pt"}
+    for t in sorted(checkpoint.tensors, key=lambda t: t.name):
+        first = kept[_same_view(t)]
+        if first is not t:
+            meta[t.name] = first.name
+    doc: dict = {"__metadata__": meta}
+    at = 0
+    for t in written:
+        doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                       "data_offsets": [at, at + t.nbytes]}
+        at += t.nbytes
+    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8",
+                                                                            "surrogatepass")
+    raw += b" " * (-len(raw) % 8)
+    head = struct.pack("<Q", len(raw)) + raw
+    pieces = [Piece(0, len(head), _bytes_reader(head))]
+    start = len(head)
+    for t in written:
+        if t.strides is None:
+            pieces.append(_range_piece(start, t.nbytes, source, t.offset))
+        else:
+            pieces.append(_gather_piece(start, t, source))
+        start += t.nbytes
+    composed_file = safetensors.parse_safetensors(head, start, path=path,
+                                                  mtime=checkpoint.mtime)
+    composed_file = dataclasses.replace(composed_file, format="pytorch")
+    where = {t.name: t for t in composed_file.tensors}
+    every = tuple(where[kept[_same_view(t)].name]._replace(name=t.name)
+                  for t in checkpoint.tensors)
+    return ComposedFile(pieces, composed_file), composed_file, every
+
+
+def _bytes_reader(data: bytes):
+    view = memoryview(data)
+
+    def read_into(offset, buf):
+        part = view[offset:offset + len(buf)]
+        buf[:len(part)] = part
+        return len(part)
+    return read_into
+
+
+def served(model: Model) -> Model:
+    """``model`` as a mount serves it: each checkpoint's ``ModelFile`` (same path, format
+    "pytorch") describes its composed safetensors file, whose ``ComposedSource`` takes the
+    checkpoint's place in ``model.sources``; a sharded one's ``model.safetensors.index.json``
+    is a source of its own.  Any other model: itself."""
+    if not model.files or model.files[0].format != "pytorch":
+        return model
+    sources = dict(model.sources)
+    files = []
+    tensors = []
+    for f in model.files:
+        checkpoint = sources[f.path]
+        name = os.path.join(os.path.dirname(f.path), safetensors_name(os.path.basename(f.path)))
+        composed, composed_file, every = compose_checkpoint(f, checkpoint, f.path)
+        sources[f.path] = ComposedSource(name, composed, checkpoint)
+        files.append(dataclasses.replace(composed_file, metadata=f.metadata))
+        tensors.extend(every)
+    if len(files) > 1:
+        first = sources[files[0].path]
+        index = os.path.join(os.path.dirname(first.name), "model.safetensors.index.json")
+        weight_map = {t.name: os.path.basename(sources[f.path].name)
+                      for f in files for t in f.tensors}
+        total = sum(f.file_size - f.header_size for f in files)
+        data = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                          indent=2).encode() + b"\n"
+        sources[index] = BytesSource(index, data, first)
+    return dataclasses.replace(model, files=tuple(files), tensors=tuple(tensors),
+                               sources=sources)
