@@ -171,8 +171,8 @@ def _same_view(t: TensorInfo) -> tuple:
 
 
 def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
-    """(the composed file, its ModelFile -- named ``checkpoint``'s path, its tensors' offsets
-    in the composed file --, every tensor of ``checkpoint`` as read from it)."""
+    """(the composed file; its ModelFile: ``checkpoint``'s path, every key of the checkpoint
+    at its offset in the composed file; the names the composed file holds)."""
     kept: dict[tuple, TensorInfo] = {}
     for t in sorted(checkpoint.tensors, key=lambda t: t.name):
         kept.setdefault(_same_view(t), t)
@@ -202,11 +202,14 @@ def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
         start += t.nbytes
     composed_file = safetensors.parse_safetensors(head, start, path=path,
                                                   mtime=checkpoint.mtime)
-    composed_file = dataclasses.replace(composed_file, format="pytorch")
     where = {t.name: t for t in composed_file.tensors}
     every = tuple(where[kept[_same_view(t)].name]._replace(name=t.name)
                   for t in checkpoint.tensors)
-    return ComposedFile(pieces, composed_file), composed_file, every
+    # the file as the mount describes it: every key of the checkpoint (a tied one at the
+    # bytes of the name written), its own metadata
+    composed_file = dataclasses.replace(composed_file, format="pytorch", tensors=every,
+                                        metadata=checkpoint.metadata)
+    return ComposedFile(pieces, composed_file), composed_file, [t.name for t in written]
 
 
 def _bytes_reader(data: bytes):
@@ -229,18 +232,20 @@ def served(model: Model) -> Model:
     sources = dict(model.sources)
     files = []
     tensors = []
+    written_names: dict[str, list] = {}
     for f in model.files:
         checkpoint = sources[f.path]
         name = os.path.join(os.path.dirname(f.path), safetensors_name(os.path.basename(f.path)))
-        composed, composed_file, every = compose_checkpoint(f, checkpoint, f.path)
+        composed, composed_file, written = compose_checkpoint(f, checkpoint, f.path)
+        written_names[f.path] = written
         sources[f.path] = ComposedSource(name, composed, checkpoint)
-        files.append(dataclasses.replace(composed_file, metadata=f.metadata))
-        tensors.extend(every)
+        files.append(composed_file)
+        tensors.extend(composed_file.tensors)
     if len(files) > 1:
         first = sources[files[0].path]
         index = os.path.join(os.path.dirname(first.name), "model.safetensors.index.json")
-        weight_map = {t.name: os.path.basename(sources[f.path].name)
-                      for f in files for t in f.tensors}
+        weight_map = {name: os.path.basename(sources[f.path].name)
+                      for f in files for name in written_names[f.path]}
         total = sum(f.file_size - f.header_size for f in files)
         data = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                           indent=2).encode() + b"\n"

@@ -1,0 +1,161 @@
+"""PyTorch checkpoints (issue 38): written by real torch, mounted through the real command,
+read as a user would (cat, numpy.load, safe_open, cmp), every value checked against
+``torch.load(weights_only=True)``; the composed ``files/`` safetensors beside the original."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.support import run_tensorfs
+from tests.support.pytorch_models import tricky_state_dict, write_transformers_bin
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import tensorfs  # noqa: E402
+from tensorfs.errors import ModelError  # noqa: E402
+
+
+@pytest.fixture
+def mount(tmp_path):
+    from tests.support import mounts_in
+
+    yield from mounts_in(tmp_path)
+
+
+def _bytes(t) -> bytes:
+    t = t.detach().contiguous().reshape(-1)
+    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _numpy(t):
+    t = t.detach()
+    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        return t.float().numpy()
+    return t.numpy()
+
+
+@pytest.mark.parametrize("protocol", [2, 1, 3, 4, 5])
+def test_tree_serves_what_torch_load_gives(tmp_path, mount, protocol):
+    """Views (a storage offset), transposed and strided tensors, tied keys, BF16, FP8, a
+    scalar and an empty tensor: each key's raw file and .npy hold torch.load's values; the
+    composed safetensors loads with safe_open; the checkpoint is served unchanged."""
+    path = tmp_path / "model.pt"
+    torch.save(tricky_state_dict(), path, pickle_protocol=protocol)
+    expected = torch.load(path, weights_only=False)      # the writer's own view of it
+    if protocol in (2, 3):                                # the ones torch's safe reader takes
+        for name, t in torch.load(path, weights_only=True).items():
+            assert torch.equal(t.float(), expected[name].float()), name
+    mnt = mount(path)
+    for name, t in expected.items():
+        parts = name.split(".")
+        raw = mnt.joinpath(*parts)
+        assert raw.read_bytes() == _bytes(t), name
+        npy = np.load(str(raw) + ".npy")
+        assert npy.shape == tuple(t.shape), name
+        np.testing.assert_array_equal(npy, _numpy(t), err_msg=name)
+    files = mnt / "files"
+    assert sorted(os.listdir(files)) == ["model.pt", "model.safetensors"]
+    assert (files / "model.pt").read_bytes() == path.read_bytes()
+    composed = safetensors_torch.load_file(files / "model.safetensors")
+    # tied: one view of one storage is written once, under its first name in sorted order
+    assert "layer.weight" not in composed and "head.weight" in composed
+    from safetensors import safe_open
+
+    with safe_open(files / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "layer.weight": "head.weight"}
+    for name, t in composed.items():
+        assert _bytes(t) == _bytes(expected[name]), name
+
+
+def test_python_api_and_inspect(tmp_path):
+    path = tmp_path / "ckpt.pth"
+    state = tricky_state_dict()
+    torch.save({"model": state, "epoch": 7, "note": "hello"}, path)
+    with tensorfs.open(path) as m:
+        assert m.format == "pytorch"
+        assert set(m.tensors) == {f"model.{k}" for k in state}
+        assert dict(m.metadata) == {"epoch": 7, "note": "hello"}
+        np.testing.assert_array_equal(m.array("model.layer.weight_t"),
+                                      state["layer.weight_t"].numpy())
+        assert m.read("model.layer.column") == _bytes(state["layer.column"])
+        assert set(m.files) == {"ckpt.pth", "ckpt.safetensors"}
+    result = run_tensorfs("inspect", path)
+    assert result.returncode == 0, result.stderr
+    assert "format:     pytorch" in result.stdout
+    assert "model.layer.weight_t" in result.stdout
+
+
+def test_hash_and_stats_of_a_checkpoint(tmp_path):
+    path = tmp_path / "w.pt"
+    state = tricky_state_dict()
+    torch.save(state, path)
+    result = run_tensorfs("stats", path, "layer.weight_t", "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    found = json.dumps(stats)
+    assert str(round(float(state["layer.weight_t"].max()), 3))[:5] in found
+    safe = tmp_path / "w.safetensors"
+    safetensors_torch.save_file({k: v.detach().contiguous().clone() for k, v in state.items()
+                                 if k != "head.weight"}, safe)
+    ours = run_tensorfs("hash", "--sha256", path)
+    theirs = run_tensorfs("hash", "--sha256", safe)
+    assert ours.returncode == 0 and theirs.returncode == 0, ours.stderr + theirs.stderr
+
+    def per_tensor(out):
+        return {line.split()[2].rsplit(":", 1)[1]: line.split()[1]
+                for line in out.splitlines() if ":" in line.split()[-1]}
+    ours, theirs = per_tensor(ours.stdout), per_tensor(theirs.stdout)
+    assert ours.pop("head.weight") == ours["layer.weight"]
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_transformers_directory_files(tmp_path, mount, shards):
+    """A directory as save_pretrained(safe_serialization=False) leaves it: files/ serves
+    model.safetensors (or the model-0000N-of-0000M shards and their index) beside the
+    checkpoint, and each composed file holds torch.load's tensors."""
+    pytest.importorskip("transformers")
+    d = write_transformers_bin(tmp_path / "repo", shards=shards)
+    mnt = mount(d)
+    names = sorted(os.listdir(mnt / "files"))
+    originals = sorted(n for n in os.listdir(d))
+    for name in originals:
+        assert (mnt / "files" / name).read_bytes() == (d / name).read_bytes(), name
+    if shards == 1:
+        composed = ["model.safetensors"]
+    else:
+        composed = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+        index = json.loads((mnt / "files" / "model.safetensors.index.json").read_text())
+        assert sorted(set(index["weight_map"].values())) == composed
+        composed = composed + ["model.safetensors.index.json"]
+    assert names == sorted(originals + composed)
+    loaded = {}
+    for name in composed:
+        if name.endswith(".safetensors"):
+            loaded.update(safetensors_torch.load_file(mnt / "files" / name))
+    checkpoints = [n for n in originals if n.endswith(".bin")]
+    for name in checkpoints:
+        for key, t in torch.load(d / name, weights_only=True).items():
+            if key in loaded:
+                assert torch.equal(loaded[key], t), key
+            assert (mnt.joinpath(*key.split("."))).read_bytes() == _bytes(t), key
+
+
+def test_non_model_bins_beside_a_checkpoint(tmp_path):
+    """training_args.bin and optimizer.pt (Trainer's) do not make a directory ambiguous; a
+    directory with model.safetensors too is mounted from that (as transformers loads it)."""
+    d = tmp_path / "run"
+    d.mkdir()
+    torch.save({"w": torch.ones(2)}, d / "pytorch_model.bin")
+    torch.save({"lr": 0.1}, d / "optimizer.pt")
+    (d / "training_args.bin").write_bytes(b"not read")
+    with tensorfs.open(d) as m:
+        assert m.format == "pytorch" and list(m.tensors) == ["w"]
+    safetensors_torch.save_file({"v": torch.zeros(3)}, d / "model.safetensors")
+    with tensorfs.open(d) as m:
+        assert m.format == "safetensors" and list(m.tensors) == ["v"]
