@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import tensorfs  # noqa: E402
-from tensorfs.errors import ModelError  # noqa: E402
 
 
 @pytest.fixture

@@ -125,7 +125,7 @@ def looks_like_pytorch(prefix: bytes) -> bool:
 
 
 def looks_like_legacy(prefix: bytes) -> bool:
-    head = bytes(prefix[:13])
+    head = bytes(prefix[:14])
     return head[:2] == b"\x80\x02" and head[2:4] == b"\x8a\x0a" and \
         int.from_bytes(head[4:14], "little") == LEGACY_MAGIC
 
