@@ -158,3 +158,25 @@ def test_non_model_bins_beside_a_checkpoint(tmp_path):
     safetensors_torch.save_file({"v": torch.zeros(3)}, d / "model.safetensors")
     with tensorfs.open(d) as m:
         assert m.format == "safetensors" and list(m.tensors) == ["v"]
+
+
+@pytest.mark.clients
+@pytest.mark.parametrize("shards", [1, 2])
+def test_transformers_logits_from_the_composed_files(tmp_path, mount, shards):
+    """from_pretrained(MNT/files) loads the composed safetensors (tied embeddings, one file
+    or shards) and gives the logits the original directory gives, bit for bit."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from tests.support.tiny_models import PROMPT_IDS
+
+    d = write_transformers_bin(tmp_path / "repo", shards=shards, tied=True)
+    mnt = mount(d)
+    ids = torch.tensor([PROMPT_IDS])
+    logits = []
+    for where in (d, mnt / "files"):
+        model = AutoModelForCausalLM.from_pretrained(where).eval()
+        with torch.no_grad():
+            logits.append(model(ids).logits)
+    assert torch.equal(logits[0], logits[1])
+    assert logits[0].abs().sum() > 0
