@@ -43,6 +43,8 @@ from typing import Callable, NamedTuple
 from tensorfs.errors import PytorchError
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
 
+# Every PytorchError.kind (the module docstring says what each means)
+KINDS = ("forbidden", "unsupported", "legacy", "zip", "pickle", "storage", "structure")
 ZIP_MAGIC = b"PK\x03\x04"
 _EOCD = b"PK\x05\x06"
 _EOCD64 = b"PK\x06\x06"
@@ -52,6 +54,7 @@ MAX_CENTRAL_DIRECTORY = 64 << 20    # bytes read as the list of entries, at most
 MAX_ENTRIES = 1 << 20
 MAX_PICKLE = 256 << 20              # data.pkl read whole, at most
 MAX_DEPTH = 64                      # nesting of dicts and lists around a tensor, at most
+MAX_STRIDED_DIMS = 32               # dimensions of a non-contiguous tensor, at most
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 # The storage classes torch writes, as the safetensors dtype of their elements.
@@ -309,8 +312,7 @@ class ODict(dict):
     """An ``OrderedDict`` of the pickle (a BUILD may set its attributes: ignored)."""
 
 
-class _Mark:
-    pass
+_SCALARS = frozenset((str, int, float, bool, bytes, type(None), complex))
 
 
 def _int_tuple(value, what: str, at: int) -> tuple:
@@ -458,9 +460,10 @@ class _Walker:
         return value.name if isinstance(value, Global) else type(value).__name__
 
     def hashable(self, value, pos):
-        if isinstance(value, (str, int, float, bool, bytes, type(None), Global)) or \
-                (isinstance(value, tuple) and all(not isinstance(v, (list, dict, set))
-                                                  for v in value)):
+        """A dict key or set member: a scalar, or a flat tuple of scalars (never a nested
+        one, whose hash would recurse as deep as the pickle nests it)."""
+        if type(value) in _SCALARS or (type(value) is tuple and
+                                       all(type(v) in _SCALARS for v in value)):
             return value
         self.fail("structure", f"a {type(value).__name__} as a key", pos)
 
@@ -576,30 +579,35 @@ class _Walker:
 
 # -- the checkpoint -------------------------------------------------------------------------
 
-def _flatten(value, depth=0, prefix="", out=None, seen=None, at=0):
-    """(name, tensor) and (name, other value) leaves of nested dicts and lists."""
-    if out is None:
-        out, seen = ([], []), set()
-    if isinstance(value, Tensor):
-        out[0].append((prefix, value))
-        return out
-    if isinstance(value, (dict, list, tuple)):
-        if id(value) in seen:
-            raise _error("structure", f"{prefix or 'the top'}: a container reached twice "
-                         "(shared or cyclic)", offset=at)
-        if depth >= MAX_DEPTH:
-            raise _error("structure", f"containers nested more than {MAX_DEPTH} deep",
-                         offset=at)
-        seen.add(id(value))
-        items = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, item in items:
-            if type(key) not in (str, int, bool):
-                raise _error("structure", f"{prefix or 'the top'}: a key that is a "
-                             f"{type(key).__name__}", offset=at)
-            _flatten(item, depth + 1, f"{prefix}.{key}" if prefix else str(key), out, seen, at)
-        return out
-    out[1].append((prefix, value))
-    return out
+def _flatten(top, at: int, budget: int):
+    """(name, tensor) and (name, other value) leaves of nested dicts, lists and tuples,
+    named by their keys joined with dots.  A container met again (memoized: shared, or a
+    cycle) is walked again, within ``budget`` visits in all and ``MAX_DEPTH`` levels."""
+    tensors, others = [], []
+    stack = [(top, "", 0)]
+    while stack:
+        value, prefix, depth = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise _error("structure", "the containers reach each other more often than "
+                         "the pickle has bytes (shared or cyclic)", offset=at)
+        if isinstance(value, Tensor):
+            tensors.append((prefix, value))
+        elif isinstance(value, (dict, list, tuple)):
+            if depth >= MAX_DEPTH:
+                raise _error("structure", f"containers nested more than {MAX_DEPTH} deep "
+                             "(or a cycle)", offset=at)
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            children = []
+            for key, item in items:
+                if type(key) not in (str, int, bool):
+                    raise _error("structure", f"{prefix or 'the top'}: a key that is a "
+                                 f"{type(key).__name__}", offset=at)
+                children.append((item, f"{prefix}.{key}" if prefix else str(key), depth + 1))
+            stack.extend(reversed(children))
+        else:
+            others.append((prefix, value))
+    return tensors, others
 
 
 def _metadata_value(value) -> MetadataValue:
@@ -614,7 +622,13 @@ def _metadata_value(value) -> MetadataValue:
                                 else str(value))
     if isinstance(value, str):
         return MetadataValue.of("string", value)
-    return MetadataValue.of("string", repr(value)[:4096])
+    if isinstance(value, Global):
+        return MetadataValue.of("string", value.name)
+    if isinstance(value, (bytes, set, frozenset)):
+        return MetadataValue.of("string", f"<{type(value).__name__} of {len(value)}>")
+    if isinstance(value, complex):
+        return MetadataValue.of("string", str(value))
+    return MetadataValue.of("string", f"<{type(value).__name__}>")
 
 
 def contiguous_strides(shape: tuple) -> tuple:
@@ -677,7 +691,7 @@ def _parse(read, file_size, path, mtime) -> ModelFile:
     data = _read(read, file_size, pkl.offset, pkl.size, "data.pkl")
     walker = _Walker(data, pkl.offset)
     top = walker.run()
-    tensors, others = _flatten(top, at=pkl.offset)
+    tensors, others = _flatten(top, pkl.offset, 16 * len(data) + 10_000)
     if not isinstance(top, (dict, list, tuple)) and not isinstance(top, Tensor):
         raise _error("structure", f"the checkpoint holds a {type(top).__name__}, not a "
                      "dict of tensors", offset=pkl.offset)
@@ -730,5 +744,9 @@ def _tensor_info(name: str, t: Tensor, entries, prefix: str, path: str) -> Tenso
                      f"{t.offset}) runs past its storage {storage.key!r} of {storage_bytes} "
                      "bytes", offset=entry.offset, name=name)
     strides = None if is_contiguous(t.shape, t.strides) else tuple(t.strides)
+    if strides is not None and len(t.shape) > MAX_STRIDED_DIMS:
+        raise _error("unsupported", f"tensor {name!r}: a non-contiguous tensor of "
+                     f"{len(t.shape)} dimensions (at most {MAX_STRIDED_DIMS} are gathered)",
+                     name=name)
     return TensorInfo(name, t.dtype, tuple(t.shape), entry.offset + start, numel * itemsize,
                       path, strides=strides)
