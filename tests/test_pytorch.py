@@ -180,3 +180,30 @@ def test_transformers_logits_from_the_composed_files(tmp_path, mount, shards):
             logits.append(model(ids).logits)
     assert torch.equal(logits[0], logits[1])
     assert logits[0].abs().sum() > 0
+
+
+def test_large_non_contiguous_tensors_are_gathered_per_read(tmp_path, monkeypatch):
+    """A non-contiguous tensor too large to keep gathered is gathered per read from the
+    rows the read asks for, a few storage bytes at a time: any range of it, at any offset,
+    holds torch's values (here the limits are made tiny so that every tensor takes that
+    path)."""
+    from tensorfs.loading import checkpoints
+
+    monkeypatch.setattr(checkpoints, "GATHER_KEEP_BYTES", 0)
+    monkeypatch.setattr(checkpoints, "GATHER_SPAN_BYTES", 8)
+    path = tmp_path / "views.pt"
+    state = tricky_state_dict()
+    state["cube"] = torch.randn(5, 4, 3).permute(2, 0, 1)
+    state["every_other"] = torch.arange(40, dtype=torch.int16).reshape(8, 5)[::2, 1::2]
+    torch.save(state, path)
+    import random
+
+    rng = random.Random(38)
+    with tensorfs.open(path) as m:
+        for name, t in state.items():
+            want = _bytes(t)
+            assert m.read(name) == want, name
+            for _ in range(20):
+                a = rng.randrange(len(want) + 1)
+                b = rng.randrange(a, len(want) + 1)
+                assert m.read(name, a, b - a) == want[a:b], (name, a, b)

@@ -38,11 +38,13 @@ from tensorfs.formats.pytorch import ITEMSIZE
 from tensorfs.model import Model, ModelFile, TensorInfo
 from tensorfs.sources.local import Source
 
-# A non-contiguous tensor up to this size is gathered whole once and kept (the last one):
+# A non-contiguous tensor up to this size is gathered whole at its first read and kept: the
 # reads of a transposed matrix each touch all of its storage.  A larger one is gathered per
-# read from the span of its storage the read needs.
+# read, from the span of its storage the rows the read asks for reach.
 GATHER_KEEP_BYTES = 64 << 20
-GATHER_STEP = 1 << 20        # elements gathered per step of a larger one
+# Storage read at once while gathering, where a tensor's rows allow (a transposed matrix's
+# first row reaches all of its storage: that is read whole)
+GATHER_SPAN_BYTES = 16 << 20
 
 _SHARD = re.compile(r"pytorch_model(-\d{5}-of-\d{5})\.bin")
 
@@ -119,49 +121,46 @@ def _range_piece(start: int, length: int, source: Source, at: int) -> Piece:
 
 
 def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
-    """The bytes of a non-contiguous tensor, in row-major order."""
+    """The bytes of a non-contiguous tensor in row-major order: rows of its first dimension
+    gathered from the span of its storage they reach (numpy's strided view of those bytes,
+    made contiguous), a few MiB of storage at a time where the rows allow."""
     item = ITEMSIZE[t.dtype]
-    dtype = np.dtype(f"V{item}")
-    strides = np.array(t.strides, dtype=np.int64)
-    shape = t.shape
-    numel = t.nbytes // item
+    shape, strides = t.shape, t.strides
+    row_elements = 1
+    for d in shape[1:]:
+        row_elements *= d
+    row_bytes = row_elements * item
+    row_extent = sum((d - 1) * s for d, s in zip(shape[1:], strides[1:])) + 1   # elements
+    per_batch = max(1, GATHER_SPAN_BYTES // max(1, strides[0] * item))
     kept: list = []
     lock = threading.Lock()
 
-    def storage_elements(first: int, count: int) -> np.ndarray:
-        index = np.unravel_index(np.arange(first, first + count, dtype=np.int64), shape)
-        return sum((i.astype(np.int64) * s for i, s in zip(index, strides)),
-                   np.zeros(count, dtype=np.int64))
-
-    def gathered(first: int, count: int) -> bytes:
-        where = storage_elements(first, count)
-        low, high = int(where.min()), int(where.max()) + 1
-        span = bytearray((high - low) * item)
-        source.read_into(t.offset + low * item, memoryview(span))
-        return np.frombuffer(span, dtype=dtype)[where - low].tobytes()
-
-    def whole() -> bytes:
-        with lock:
-            if not kept:
-                kept.append(gathered(0, numel))
-            return kept[0]
+    def rows(r0: int, r1: int) -> bytes:
+        out = []
+        for b0 in range(r0, r1, per_batch):
+            b1 = min(r1, b0 + per_batch)
+            low = b0 * strides[0]
+            span = bytearray(((b1 - 1 - b0) * strides[0] + row_extent) * item)
+            source.read_into(t.offset + low * item, memoryview(span))
+            view = np.lib.stride_tricks.as_strided(
+                np.frombuffer(span, dtype=f"V{item}"), (b1 - b0,) + tuple(shape[1:]),
+                tuple(s * item for s in strides), writeable=False)
+            out.append(np.ascontiguousarray(view).tobytes())
+        return b"".join(out)
 
     def read_into(offset, buf):
         n = len(buf)
         if t.nbytes <= GATHER_KEEP_BYTES:
-            buf[:] = whole()[offset:offset + n]
+            with lock:
+                if not kept:
+                    kept.append(rows(0, shape[0]))
+            buf[:] = kept[0][offset:offset + n]
             return n
-        first = offset // item
-        end = -(-(offset + n) // item)
-        done = 0
-        while first < end:
-            count = min(GATHER_STEP, end - first)
-            data = gathered(first, count)
-            skip = offset + done - first * item
-            part = data[skip:skip + n - done]
-            buf[done:done + len(part)] = part
-            done += len(part)
-            first += count
+        r0 = offset // row_bytes
+        r1 = -(-(offset + n) // row_bytes)
+        data = rows(r0, r1)
+        skip = offset - r0 * row_bytes
+        buf[:] = data[skip:skip + n]
         return n
     return Piece(start, t.nbytes, read_into)
 
