@@ -207,3 +207,18 @@ def test_large_non_contiguous_tensors_are_gathered_per_read(tmp_path, monkeypatc
                 a = rng.randrange(len(want) + 1)
                 b = rng.randrange(a, len(want) + 1)
                 assert m.read(name, a, b - a) == want[a:b], (name, a, b)
+
+
+def test_edits_are_refused_in_one_line(tmp_path):
+    """--edits would serve an edited safetensors file under the checkpoint's name: refused,
+    saying what to do instead, and nothing mounted."""
+    from tests.support import mount_expecting_refusal
+
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result, mounted = mount_expecting_refusal(path, mnt, "--edits", tmp_path / "edits")
+    assert result.returncode == 1 and not mounted
+    assert len(result.stderr.splitlines()) == 1
+    assert "--edits does not apply to a PyTorch checkpoint" in result.stderr
