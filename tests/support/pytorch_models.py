@@ -86,3 +86,37 @@ def rewrite_entries(src: Path, dst: Path, change) -> Path:
             zout.writestr(zipfile.ZipInfo(name, info.date_time), data,
                           compress_type=compression)
     return dst
+
+
+def write_sentence_transformer(directory: Path, seed: int = 0) -> Path:
+    """A tiny sentence-transformers model (a 2-layer BERT with a 16-word vocabulary, mean
+    pooling, normalization) as SentenceTransformer.save lays it out -- modules.json,
+    1_Pooling/config.json, an empty 2_Normalize/ -- with its weights in pytorch_model.bin
+    (what older saves wrote) instead of model.safetensors."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    torch.manual_seed(seed)
+    base = directory.parent / f"{directory.name}-bert"
+    base.mkdir(parents=True)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat",
+             "a", "dog", "ran", "far", "away", "."]
+    (base / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizer(str(base / "vocab.txt")).save_pretrained(base)
+    BertModel(BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=64)).save_pretrained(base)
+    word = Transformer(str(base))
+    model = SentenceTransformer(modules=[word, Pooling(32), Normalize()])
+    model.save(str(directory))
+    for name in os.listdir(directory):
+        if name.endswith(".safetensors"):
+            state = {}
+            from safetensors.torch import load_file
+
+            state.update(load_file(directory / name))
+            os.unlink(directory / name)
+            torch.save(state, directory / "pytorch_model.bin")
+    return directory
