@@ -695,6 +695,10 @@ def _parse(read, file_size, path, mtime) -> ModelFile:
     if not isinstance(top, (dict, list, tuple)) and not isinstance(top, Tensor):
         raise _error("structure", f"the checkpoint holds a {type(top).__name__}, not a "
                      "dict of tensors", offset=pkl.offset)
+    if not tensors:
+        raise _error("structure", f"a PyTorch checkpoint that holds no tensor (a "
+                     f"{type(top).__name__} of {len(others)} other values): not a model's "
+                     "weights", offset=pkl.offset)
     infos = []
     names = set()
     for name, t in tensors:

@@ -393,8 +393,8 @@ def _subfolders(top: str, room: int, notes: list) -> tuple[list[tuple[str, str]]
             continue
         for entry in entries:
             name = entry.name
-            if name.startswith("."):
-                continue
+            if name.startswith(".") or (not rel and not entry.is_dir(follow_symlinks=False)):
+                continue                # the top level's files: listed by find_companions
             problem = name_problem(name)
             if problem is not None:
                 notes.append((entry.path, f"the name is {problem}: not served"))
