@@ -225,3 +225,33 @@ def test_edits_are_refused_in_one_line(tmp_path):
     assert result.returncode == 1 and not mounted
     assert len(result.stderr.splitlines()) == 1
     assert "--edits does not apply to a PyTorch checkpoint" in result.stderr
+
+
+def test_zip64_entries_are_read(tmp_path):
+    """torch writes zip64 records for large checkpoints: the same entries with zip64
+    extra fields read the same tensors."""
+    import zipfile
+
+    path = tmp_path / "small.pt"
+    state = tricky_state_dict()
+    torch.save(state, path)
+    big = tmp_path / "zip64.pt"
+    with zipfile.ZipFile(path) as zin, zipfile.ZipFile(big, "w") as zout:
+        for info in zin.infolist():
+            with zout.open(zipfile.ZipInfo(info.filename), "w", force_zip64=True) as f:
+                f.write(zin.read(info.filename))
+    with tensorfs.open(big) as m:
+        for name, t in state.items():
+            assert m.read(name) == _bytes(t), name
+
+
+def test_an_index_mixing_formats_is_refused(tmp_path):
+    d = tmp_path / "mixed"
+    d.mkdir()
+    torch.save({"a": torch.ones(2)}, d / "pytorch_model-00001-of-00002.bin")
+    safetensors_torch.save_file({"b": torch.ones(2)}, d / "pytorch_model-00002-of-00002.bin")
+    (d / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {
+        "a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}))
+    result = run_tensorfs("inspect", d)
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1
+    assert "is safetensors, not pytorch" in result.stderr
