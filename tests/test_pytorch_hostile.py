@@ -194,3 +194,16 @@ def test_a_storage_missing_and_a_tensor_past_its_storage(tmp_path):
                            lambda n, d: (n, grown if n.endswith("/data.pkl") else d,
                                          zipfile.ZIP_STORED))
     _refused_in_one_line(path, "runs past its storage")
+
+
+@pytest.mark.parametrize("state, words", [
+    ({"__metadata__": "tensor"}, ["'__metadata__'", "safetensors header"]),
+    ({"a\udc80b": "tensor"}, ["not valid UTF-8"]),
+    ({"w": "tensor", "note": "x\ud800"}, ["not valid UTF-8"]),
+])
+def test_names_no_safetensors_header_can_hold(tmp_path, state, words):
+    """A key or value the composed header (or metadata.json) could not write is refused in
+    one line by the reader, not met later by the safetensors parser."""
+    path = tmp_path / "odd.pt"
+    torch.save({k: torch.ones(2) if v == "tensor" else v for k, v in state.items()}, path)
+    _refused_in_one_line(path, *words)

@@ -640,6 +640,16 @@ def _flatten(top, at: int, budget: int):
     return tensors, others
 
 
+def _check_text(text: str, at: int) -> None:
+    """A name or value that UTF-8 can write (the pickle's strings may hold lone surrogates,
+    which no header, file name or metadata.json could)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _error("structure", f"the string {ascii(text)[:80]} is not valid UTF-8 (a lone "
+                     "surrogate)", offset=at) from None
+
+
 def _metadata_value(value) -> MetadataValue:
     if value is None:
         return MetadataValue.of("null", None)
@@ -729,10 +739,17 @@ def _parse(read, file_size, path, mtime) -> ModelFile:
         raise _error("structure", f"a PyTorch checkpoint that holds no tensor (a "
                      f"{type(top).__name__} of {len(others)} other values): not a model's "
                      "weights", offset=pkl.offset)
+    for name, value in tensors + others:
+        _check_text(name, pkl.offset)
+        if isinstance(value, str):
+            _check_text(value, pkl.offset)
     infos = []
     names = set()
     for name, t in tensors:
         name = name or "tensor"
+        if name == "__metadata__":
+            raise _error("structure", "a tensor named '__metadata__', which a safetensors "
+                         "header cannot hold", name=name)
         if name in names:
             raise _error("structure", f"two tensors named {name!r}", name=name)
         names.add(name)
