@@ -28,20 +28,23 @@ import json
 import os
 import re
 import struct
-import threading
 
 import numpy as np
 
+from tensorfs.cache import ByteLRU
 from tensorfs.editing.compose import ComposedFile, Piece
 from tensorfs.formats import safetensors
 from tensorfs.formats.pytorch import ITEMSIZE
 from tensorfs.model import Model, ModelFile, TensorInfo
 from tensorfs.sources.local import Source
 
-# A non-contiguous tensor up to this size is gathered whole at its first read and kept: the
-# reads of a transposed matrix each touch all of its storage.  A larger one is gathered per
+# A non-contiguous tensor up to this size is gathered whole at its first read and kept (in
+# _GATHERED): the reads of a transposed matrix each touch all of its storage.  A larger one is gathered per
 # read, from the span of its storage the rows the read asks for reach.
 GATHER_KEEP_BYTES = 64 << 20
+# the gathered tensors kept, the most recently read first, GATHER_KEEP_BYTES in all (per
+# daemon: a checkpoint of a hundred transposed matrices does not keep them all)
+_GATHERED = ByteLRU(GATHER_KEEP_BYTES)
 # Storage read at once while gathering, where a tensor's rows allow (a transposed matrix's
 # first row reaches all of its storage: that is read whole)
 GATHER_SPAN_BYTES = 16 << 20
@@ -132,8 +135,7 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     row_bytes = row_elements * item
     row_extent = sum((d - 1) * s for d, s in zip(shape[1:], strides[1:])) + 1   # elements
     per_batch = max(1, GATHER_SPAN_BYTES // max(1, strides[0] * item))
-    kept: list = []
-    lock = threading.Lock()
+    key = object()                  # this tensor's entry in _GATHERED
 
     def rows(r0: int, r1: int) -> bytes:
         out = []
@@ -151,10 +153,8 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     def read_into(offset, buf):
         n = len(buf)
         if t.nbytes <= GATHER_KEEP_BYTES:
-            with lock:
-                if not kept:
-                    kept.append(rows(0, shape[0]))
-            buf[:] = kept[0][offset:offset + n]
+            whole = _GATHERED.get(key, lambda: rows(0, shape[0]))
+            buf[:] = whole[offset:offset + n]
             return n
         r0 = offset // row_bytes
         r1 = -(-(offset + n) // row_bytes)
