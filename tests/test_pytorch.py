@@ -255,3 +255,22 @@ def test_an_index_mixing_formats_is_refused(tmp_path):
     result = run_tensorfs("inspect", d)
     assert result.returncode == 1 and len(result.stderr.splitlines()) == 1
     assert "is safetensors, not pytorch" in result.stderr
+
+
+def test_a_checkpoint_changed_under_the_mount_reads_eio(tmp_path, mount):
+    """The composed file and the tensors read through it vouch for the checkpoint as the
+    original does: rewritten under the mount, each reads EIO, never the new bytes."""
+    import errno
+
+    path = tmp_path / "w.pt"
+    state = tricky_state_dict()
+    torch.save(state, path)
+    mnt = mount(path)
+    assert (mnt / "layer" / "weight_t").read_bytes() == _bytes(state["layer.weight_t"])
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(b"changed!")
+    for served in (mnt / "layer" / "rows", mnt / "files" / "w.safetensors", mnt / "files" / "w.pt"):
+        with pytest.raises(OSError) as caught:
+            served.read_bytes()
+        assert caught.value.errno == errno.EIO, served
