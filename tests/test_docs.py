@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorfs.cli.main import build_parser, parse_size
+from tensorfs.cli.parser import build_parser, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] + \

@@ -31,7 +31,10 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
+from tensorfs.runtime.claims import claim, release
+from tensorfs.runtime.files import write_file
+from tensorfs.runtime.paths import open_private_dir, open_private_subdir
+from tensorfs.sources.source import Source
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -125,9 +128,13 @@ def _fsync_dir(fd: int) -> None:
         pass
 
 
-class DataFile:
-    """One replacement's bytes, open for reading: the descriptor outlives a later
+class DataFile(Source):
+    """One replacement's bytes, open for reading: a ``Source`` (a tensor's raw file and its
+    ``.npy`` read it as they read a model file).  The descriptor outlives a later
     replacement (its file is removed, a reader of an earlier composition still reads it)."""
+
+    name: str
+    size: int
 
     def __init__(self, fd: int, size: int, name: str):
         self.fd = fd
@@ -135,19 +142,19 @@ class DataFile:
         self.name = name
 
     def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
-        # ``span`` as a source's read_into takes it (a raw view names its tensor's range for
-        # a remote file's read-ahead): a local file read whole has no use for it
-        total = 0
-        while total < len(buf):
-            n = os.preadv(self.fd, [buf[total:]], offset + total)
-            if n == 0:
-                break
-            total += n
-        return total
+        # ``span``: a hint for a remote file's read-ahead, of no use to a local file
+        return _pread_into(self.fd, offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
         size = max(0, min(size, self.size - offset))
         return os.pread(self.fd, size, offset) if size else b""
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self.fd)
+
+    @property
+    def local_fd(self) -> int:
+        return self.fd
 
     def __del__(self):
         try:
@@ -156,11 +163,24 @@ class DataFile:
             pass
 
 
+def _pread_into(fd: int, offset: int, buf) -> int:
+    """Fill ``buf`` from ``fd`` at ``offset``; fewer bytes only at the end of the file."""
+    total = 0
+    while total < len(buf):
+        n = os.preadv(fd, [buf[total:]], offset + total)
+        if n == 0:
+            break
+        total += n
+    return total
+
+
 class PendingData:
-    """A replacement's bytes while they are written: a temporary file of the store."""
+    """A replacement's bytes while they are written: a temporary file of the store.  Its
+    writer reads them back (``read_into``) before they are kept."""
 
     def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
-        self._dir_fd, self.fd, self._tmp, self.name = dir_fd, fd, tmp, name
+        self._dir_fd, self.fd, self.name = dir_fd, fd, name
+        self._tmp: str | None = tmp
         self.size = 0
 
     def pwrite(self, offset: int, data) -> int:
@@ -170,6 +190,11 @@ class PendingData:
             done += os.pwrite(self.fd, view[done:], offset + done)
         self.size = max(self.size, offset + done)
         return done
+
+    def read_into(self, offset: int, buf) -> int:
+        """The bytes written so far at ``offset`` into ``buf``: how many (fewer at the
+        end); a hole reads as zeros."""
+        return _pread_into(self.fd, offset, buf[:max(0, min(len(buf), self.size - offset))])
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
@@ -211,10 +236,13 @@ class EditStore:
             self._fd = self._open_root(dir_fd)
         finally:
             os.close(dir_fd)
+        self._owner = -1
         try:
+            self._owner = claim(self._fd, self.directory, _refused)   # one mount at a time
             self.state = self._load(identity)
             self._remove_strays()
         except BaseException:
+            release(self._owner)
             os.close(self._fd)
             raise
 
@@ -340,6 +368,7 @@ class EditStore:
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            release(self._owner)
             try:
                 os.close(self._fd)
             except OSError:

@@ -36,7 +36,7 @@ from tensorfs.editing.compose import ComposedFile, Piece
 from tensorfs.formats import safetensors
 from tensorfs.formats.pytorch import ITEMSIZE
 from tensorfs.model import Model, ModelFile, TensorInfo
-from tensorfs.sources.local import Source
+from tensorfs.sources.source import Source
 
 # A non-contiguous tensor up to this size is gathered whole at its first read and kept (in
 # _GATHERED): the reads of a transposed matrix each touch all of its storage.  A larger one is gathered per

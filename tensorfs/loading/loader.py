@@ -10,7 +10,8 @@ import dataclasses
 from tensorfs.loading import checkpoints, shards
 from tensorfs.loading.wholefiles import find_companions
 from tensorfs.model import Model
-from tensorfs.sources.location import LocalLocation, is_url
+from tensorfs.sources.location import LocalLocation
+from tensorfs.sources.urls import is_url
 
 
 def location_for(path: str, remote=None):

@@ -36,7 +36,7 @@ inside the directory, or in a Hugging Face cache snapshot's own ``blobs/``
 (``tensorfs.sources.local.contained_problem``); anything but a regular file is not served.
 
 How a local file's bytes reach the reader (FUSE passthrough, splice, copy) is
-``tensorfs.mount.fuse3``'s business; a view here only says which descriptor holds them.
+``tensorfs.fuse.session``'s business; a view here only says which descriptor holds them.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from typing import NamedTuple
 
 from tensorfs.errors import ModelError
 from tensorfs.loading.checkpoints import BytesSource, ComposedSource
-from tensorfs.sources.local import ModelSource, Source, SourceError
+from tensorfs.sources.local import ModelSource
 from tensorfs.sources.location import DIRECTORY, LocalLocation, name_problem
+from tensorfs.sources.source import Source, SourceError
 from tensorfs.views.byteviews import View
 
 log = logging.getLogger("tensorfs")
@@ -319,9 +320,10 @@ def _close_least_recent() -> None:
 def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     """The companions of ``model``, loaded from ``named`` through ``location``: none for a
     model file given directly (a split GGUF's splits are all model files); the index for an
-    index; a directory's regular top-level files that are not model files, each name
-    passing ``location.name_problem`` first.  Called before ``location.attach``: a source
-    the parse read (the index) is taken over, not reopened."""
+    index; a directory's regular files that are not model files, each name passing
+    ``location.name_problem`` first, and a local directory's subfolders (``_subfolders``).
+    Called before ``location.attach``: a source the parse read (the index) is taken over,
+    not reopened."""
     model_paths = {f.path for f in model.files}
     if named in model_paths:
         return Companions()
@@ -353,15 +355,9 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     companions = []
     for name, path in paths:
         source = location.take(path)
-        if local and "/" in name:                   # in a subfolder: contained in the model's
-            companion = _local_companion(location, name, path, None, within=named)
-            if isinstance(companion, str):
-                notes.append((path, companion))
-            else:
-                companions.append(companion)
-            continue
-        if local:
-            companion = _local_companion(location, name, path, source)
+        if local:           # one in a subfolder: contained in the model's directory
+            companion = _local_companion(location, name, path, source,
+                                         within=named if "/" in name else None)
             if isinstance(companion, str):
                 notes.append((path, companion))
             else:

@@ -8,11 +8,14 @@ to the model, and the tree kept true to the edits (docs/editing.md).
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
   with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
   ``rm`` of either removes the tensor, ``mv`` renames it.
-- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a snapshot per open.
+- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a new version (a
+  new inode) at each edit, so that an open reads one version whole.
 
 Each change is kept by the ``EditStore`` first (atomically), then shown.  The FUSE adapter
-(``tensorfs.mount.adapter``) calls in with nodes and handles; nothing here knows about FUSE, and
-errors are ``EditRefused(errno, why)``: the why is logged, the errno answered.
+(``tensorfs.mount.adapter``) calls in with nodes, and keeps the opens this module gives
+(``OpenFile``: ``ReadHandle``, a ``WriteHandle`` per kind of file), calling them by type;
+nothing here knows about FUSE, and errors are ``EditRefused(errno, why)``: the why is logged,
+the errno answered.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import os
 import re
 import threading
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import (
@@ -36,7 +41,7 @@ from tensorfs.editing.compose import (
     edited_tensors,
     encode_array,
 )
-from tensorfs.editing.store import EditState, EditStore, TensorEdit
+from tensorfs.editing.store import EditState, EditStore, PendingData, TensorEdit
 from tensorfs.model import Model
 from tensorfs.mount.metadata_files import (
     DIRECTORY,
@@ -62,6 +67,9 @@ TYPE_XATTR = "user.tensorfs.type"
 MAX_METADATA_TEXT = 16 << 20
 # An .npy written over a view: its data in float64 at most, plus a header.
 NPY_SLACK = 1 << 16
+# Versions of a file of files/ replaced by an edit and not open, kept all the same: the
+# kernel opens what a lookup answered, which an edit in between may have replaced.
+OLD_VERSIONS_KEPT = 16
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
 
 
@@ -92,21 +100,255 @@ def _valid_type(type_name: str, fmt: str) -> bool:
     return base in SCALAR_TYPES
 
 
-class Handle:
-    """One file open for writing."""
+class OpenFile(ABC):
+    """One open of a file of an editable mount: what the FUSE adapter holds under the
+    handle number it gives the kernel, and calls for every request on that open."""
 
-    def __init__(self, kind: str, node: FileNode, limit: int):
-        self.kind = kind                # "metadata" | "raw" | "npy"
+    #: the node opened
+    node: FileNode
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """The file's size as this open sees it."""
+
+    @abstractmethod
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        """The bytes at ``offset`` as this open sees them, into ``buf``: how many (fewer
+        only at the end)."""
+
+    def flush(self) -> None:
+        """A ``close()`` of a descriptor of this open (FUSE_FLUSH)."""
+
+    def fsync(self) -> None:
+        """``fsync``/``msync`` of this open (FUSE_FSYNC)."""
+
+    def release(self) -> None:
+        """The last descriptor and map of this open are gone (FUSE_RELEASE)."""
+
+
+class ReadHandle(OpenFile):
+    """A file opened for reading.  ``snapshot``: the bytes this open reads for its life (a
+    version of a file of files/, ``View.snapshot``), or None: the file as it is at each
+    read, a write session's bytes included (``Editor.read_now``)."""
+
+    def __init__(self, editor: Editor, node: FileNode, snapshot: View | None):
+        self.editor = editor
+        self.node = node
+        self.snapshot = snapshot
+
+    @property
+    def size(self) -> int:
+        if self.snapshot is not None:
+            return self.snapshot.size
+        return self.editor.size_now(self.node)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        held = self.snapshot
+        if held is None:
+            return self.editor.read_now(self.node, offset, buf)
+        return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
+
+    def release(self) -> None:
+        self.editor.closed(self)
+
+
+class WriteHandle(OpenFile):
+    """A file open for writing: one per file, shared by every open of it for writing (as a
+    disk file's bytes are), and read by every open of it until the last one is released
+    (``Editor.read_now``).  Each ``close`` makes the bytes written so far the edit
+    (``flush``, ``fsync``); so does the last release, for writes that came after the last
+    close (a shared memory map written after ``close``, written back at ``munmap``).
+    ``limit``: the most bytes the file may hold."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int):
+        self.editor = editor
         self.node = node
         self.limit = limit
-        self.buf = bytearray()
-        self.pending = None             # PendingData of a raw file
+        self.opens = 1
         self.dirty = False
-        self.key: str | None = None     # metadata
-        self.type_name: str | None = None
-        self.created = False            # a key that exists only once this handle is closed
-        self.tensor: str | None = None  # the tensor's original name
-        self.unread = False             # an .npy opened without O_TRUNC: ``buf`` not read yet
+        self.reported = False       # the last attempt to keep the bytes failed, and said so
+        self.lock = threading.Lock()
+
+    # -- what each kind of file does -------------------------------------------------------
+    @abstractmethod
+    def _write(self, offset: int, data: bytes) -> None:
+        """Put ``data`` at ``offset`` (inside ``limit``)."""
+
+    @abstractmethod
+    def _truncate(self, size: int) -> None:
+        """Make the file ``size`` bytes long (inside ``limit``)."""
+
+    @abstractmethod
+    def _keep(self) -> None:
+        """Make the bytes written the edit (the editor's lock held): ``EditRefused`` if
+        they cannot be."""
+
+    def _drop(self) -> None:
+        """Let go of what the bytes being written hold (at the last release)."""
+
+    # -- the calls -------------------------------------------------------------------------
+    def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if end > self.limit:
+            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {self.limit} bytes)")
+        with self.lock:
+            self._write(offset, data)
+            self.dirty, self.reported = True, False
+        return len(data)
+
+    def truncate(self, size: int) -> None:
+        if size > self.limit:
+            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
+        with self.lock:
+            self._truncate(size)
+            self.dirty, self.reported = True, False
+
+    def flush(self) -> None:
+        if not self.dirty:
+            return
+        with self.editor._editing(), self.lock:
+            if not self.dirty:
+                return
+            try:
+                self._keep()
+            except BaseException:
+                self.reported = True
+                raise
+            self.dirty = False
+
+    def fsync(self) -> None:
+        self.flush()
+
+    def release(self) -> None:
+        self.editor.release(self)
+
+
+class _BufferedWrite(WriteHandle):
+    """A file whose new bytes are held in memory until kept (a metadata file's text, an
+    ``.npy``).  ``unread``: opened without O_TRUNC, its current bytes not read yet (read at
+    the first write)."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool):
+        super().__init__(editor, node, limit)
+        self.buf = bytearray()
+        self.unread = not truncate
+
+    def _read_now(self, upto: int | None = None) -> None:
+        if self.unread:
+            view = self.node.view
+            self.buf = bytearray(view.read(0, view.size if upto is None else min(upto, view.size)))
+            self.unread = False
+
+    def _write(self, offset: int, data: bytes) -> None:
+        self._read_now()
+        if offset > len(self.buf):
+            self.buf.extend(bytes(offset - len(self.buf)))
+        self.buf[offset:offset + len(data)] = data
+
+    def _truncate(self, size: int) -> None:
+        self._read_now(size)
+        del self.buf[size:]
+        self.buf.extend(bytes(size - len(self.buf)))
+
+    @property
+    def size(self) -> int:
+        return self.node.view.size if self.unread else len(self.buf)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        with self.lock:
+            if self.unread:
+                return self.node.view.read_into(offset, buf)
+            part = memoryview(self.buf)[offset:offset + len(buf)]
+            buf[:len(part)] = part
+            return len(part)
+
+
+class MetadataWrite(_BufferedWrite):
+    """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
+    ``created``: a key that exists only once this text is kept."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool, key: str,
+                 type_name: str, created: bool = False):
+        super().__init__(editor, node, limit, truncate)
+        self.key = key
+        self.type_name = type_name
+        self.created = created
+
+    def _write(self, offset: int, data: bytes) -> None:
+        super()._write(offset, data)
+        if self.type_name != "string" and not self.type_name.startswith("array") \
+                and self.buf.endswith(b"\n"):
+            # a scalar's one line is complete: text that does not read fails the write
+            # itself, which the shell reports (`echo two > KEY`: it ignores close)
+            try:
+                parse_text(self.type_name, bytes(self.buf))
+            except TextError as error:
+                self.dirty = True
+                raise EditRefused(errno.EINVAL, f"metadata/{self.key}: {error} "
+                                  f"(the key keeps its value)") from None
+
+    def _keep(self) -> None:
+        self.editor._flush_metadata(self)
+
+
+class NpyWrite(_BufferedWrite):
+    """A tensor's ``.npy`` open for writing: a ``numpy.save`` file, stored in the tensor's
+    type when kept.  ``tensor``: the tensor's original name."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 tensor: str):
+        super().__init__(editor, node, limit, truncate)
+        self.tensor = tensor
+
+    def _keep(self) -> None:
+        self.editor._flush_npy(self)
+
+
+class RawWrite(WriteHandle):
+    """A tensor's raw file open for writing: its new bytes in a file of the edit store
+    (``PendingData``), a copy of its bytes made at the first write that does not replace
+    them all; kept at its size only.  ``tensor``: the tensor's original name."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 tensor: str):
+        super().__init__(editor, node, limit)
+        self.tensor = tensor
+        self.pending: PendingData | None = editor.store.new_data() if truncate else None
+
+    def _started(self, copy_upto: int) -> PendingData:
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = self.editor.store.new_data()
+            if copy_upto:
+                Editor._copy_into(self.node.view, pending)
+        return pending
+
+    def _write(self, offset: int, data: bytes) -> None:
+        self._started(1).pwrite(offset, data)
+
+    def _truncate(self, size: int) -> None:
+        self._started(size).truncate(size)
+
+    def _keep(self) -> None:
+        self.editor._flush_raw(self)
+
+    def _drop(self) -> None:
+        if self.pending is not None:
+            self.pending.drop()
+            self.pending = None
+
+    @property
+    def size(self) -> int:
+        pending = self.pending
+        return self.node.view.size if pending is None else pending.size
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        with self.lock:
+            pending = self.pending
+            if pending is None:
+                return self.node.view.read_into(offset, buf)
+            return pending.read_into(offset, buf)
 
 
 class Editor:
@@ -127,20 +369,24 @@ class Editor:
         self.cache = mounted.cache
         self.budget = mounted.budget
         self.pool = mounted.pool
+        self.long_work = mounted.long_work      # an edited tensor's sha256, as the model's
         self.layout = layout
         self.store = store
         self.lock = threading.RLock()
         self.mtime_ns = time.time_ns()
         self.version = itertools.count(1)
         # set by the FUSE adapter: called with the nodes an edit changed, after the edit
-        self.on_change = None
+        self.on_change: Callable[[list], None] | None = None
         self._changed: list = []
         self._depth = 0
-        self._ghost = None          # (directory, name, node): see ``ghost``
+        self._ghost: tuple | None = None    # (directory, name, node): see ``ghost``
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
-        self._creating: dict[int, Handle] = {}      # a new key's inode -> its handle
+        self._creating: dict[int, MetadataWrite] = {}   # a new key's inode -> its handle
+        self._writers: dict[int, WriteHandle] = {}      # inode -> its write session
+        self._readers: dict[int, int] = {}      # a version of files/ -> its open readers
+        self._old: dict[int, None] = {}         # versions of files/ no longer current, oldest first
         self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
@@ -152,14 +398,16 @@ class Editor:
                     node.xattrs = {TYPE_XATTR: value.type_name.encode()}
         self.metadata_json = self.tree.lookup("/metadata.json")
         self.whole_files: list = []
+        self._whole_paths: list[str] = []
         self.index_node = None
-        files = self.tree.lookup("/files")
+        self._files_dir = files = self.tree.lookup("/files")
         if files is not None:
             for f in model.files:
                 node = files.children.get(entry_name(os.path.basename(f.path)))
                 if node is not None:
-                    node.view = ComposedView(self, f.path)
+                    node.view = ComposedView(self, f.path, store.state)
                     self.whole_files.append(node)
+                    self._whole_paths.append(f.path)
             if model.files[0].format == "safetensors" and len(model.files) > 1:
                 self._serve_index(files)
         self._replay(store.state)
@@ -182,7 +430,7 @@ class Editor:
             if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
                 self.index_node = node
                 self._index = index
-                node.view = IndexView(self)
+                node.view = IndexView(self, self.store.state)
             return
 
     def index_bytes(self, state: EditState) -> bytes:
@@ -253,8 +501,8 @@ class Editor:
             self._composed = (state, composed)
         return composed
 
-    def edited_model(self) -> Model:
-        files = tuple(c.model_file for c in self.composed_all().values())
+    def edited_model(self, state: EditState | None = None) -> Model:
+        files = tuple(c.model_file for c in self.composed_all(state).values())
         tensors = tuple(t for f in files for t in f.tensors)
         metadata = files[0].metadata if self.metadata_editable else self.model.metadata
         return Model(files, tensors, metadata, self.model.source)
@@ -273,20 +521,55 @@ class Editor:
         self.store.commit(state)
         self._composed = (state, composed)
         self.mtime_ns = time.time_ns()
+        self._new_versions(state, composed)
         self._refresh_generated()
         self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
                     *self.whole_files)
+
+    def _new_versions(self, state: EditState, composed: dict) -> None:
+        """Each file of files/, and metadata.json, a new inode after a commit, as a file
+        replaced by rename: an open (and a map) of the old one keeps reading the old version
+        whole, the kernel's pages of it included; the next lookup finds the new one.  An old version is kept
+        while a reader holds it, and the last ``OLD_VERSIONS_KEPT`` besides (a lookup just
+        answered may still be opened)."""
+        directory = self._files_dir
+        replaced = []
+        for i, (node, path) in enumerate(zip(self.whole_files, self._whole_paths)):
+            new = self.tree.new_node(ComposedView(self, path, state, composed[path]), node.xattrs)
+            self.whole_files[i] = new
+            replaced.append((node, new))
+        if self.index_node is not None:
+            new = self.tree.new_node(IndexView(self, state), self.index_node.xattrs)
+            replaced.append((self.index_node, new))
+            self.index_node = new
+        for node, new in replaced:
+            self._replace_node(directory, node, new)
+        if self.metadata_json is not None:      # its view: _refresh_generated
+            new = self.tree.new_node(self.metadata_json.view, self.metadata_json.xattrs)
+            self._replace_node(self.tree.root, self.metadata_json, new)
+            self.metadata_json = new
+        self._forget_old()
+        self._touch(directory, self.tree.root)
+
+    def _replace_node(self, directory: DirNode, node: FileNode, new: FileNode) -> None:
+        children = directory.children
+        for name, child in list(children.items()):
+            if child is node:
+                children[name] = new
+        self._old[node.ino] = None
 
     def _refresh_generated(self) -> None:
         if self.metadata_json is None:
             return
         version = next(self.version)
+        state = self.state
 
         def produce():
-            model = self.edited_model()
+            model = self.edited_model(state)
             paths, plans = describe(model, self.layout)
             return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
-        self.metadata_json.view = GeneratedView(self.cache, ("metadata.json", version), produce)
+        self.metadata_json.view = _GeneratedVersion(self.cache, ("metadata.json", version),
+                                                    produce)
 
     # -- the tree ----------------------------------------------------------------------------
     def saw(self, parent_ino: int, name: str, node) -> None:
@@ -309,11 +592,12 @@ class Editor:
         moved = self._tensor_of.get(node.ino)
         if moved is not None:
             return moved
-        tensor = getattr(node.xattrs, "tensor", None)
-        return tensor.name if tensor is not None else None
+        xattrs = node.xattrs
+        return xattrs.tensor.name if isinstance(xattrs, TensorXattrs) else None
 
     def _is_raw(self, node: FileNode) -> bool:
-        return getattr(node.xattrs, "raw", None) is not None
+        xattrs = node.xattrs
+        return isinstance(xattrs, TensorXattrs) and xattrs.raw is not None
 
     def _sibling(self, node: FileNode):
         other = self.tree.node(node.ino + (1 if self._is_raw(node) else -1))
@@ -343,8 +627,10 @@ class Editor:
             if n is not None:
                 is_raw = self._is_raw(n)
                 n.view = raw if is_raw else view
-                # the raw file's sha256 is of its bytes now, not of the model's
-                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None)
+                # the raw file's sha256 is of its bytes now, not of the model's, hashed
+                # as the model's are (a large one by the mount's long work, no thread held)
+                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None,
+                                        self.long_work)
                 self._touch(n)
 
     def _place_dir(self, path: str) -> DirNode:
@@ -424,46 +710,92 @@ class Editor:
         self._touch(node, self.meta_dir)
 
     # -- opening for writing -----------------------------------------------------------------
-    def open_write(self, node, truncate: bool) -> Handle:
+    def open_write(self, node, truncate: bool) -> WriteHandle:
+        """The file's write session: a new one, or the one already open (O_TRUNC empties
+        it)."""
         with self._editing():
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, "a directory")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                handle = Handle("metadata", node, pending.limit)
-                handle.key, handle.type_name, handle.created = pending.key, pending.type_name, True
-                handle.buf = bytearray(pending.buf)
-                return handle
-            key = self._key_of.get(node.ino)
-            if key is not None:
-                size = node.view.size
-                handle = Handle("metadata", node, max(MAX_METADATA_TEXT, 2 * size))
-                handle.key = key
-                handle.type_name = node.xattrs[TYPE_XATTR].decode()
-                if not truncate:
-                    handle.buf = bytearray(node.view.read(0, size))
-                return self._truncated(handle, truncate)
-            original = self._original(node)
-            if original is None:
-                raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
-                                  "be written")
-            t = self._by_name[original]
-            if self._is_raw(node):
-                handle = Handle("raw", node, t.nbytes)
+            handle = self._writers.get(node.ino)
+            if handle is not None:
+                handle.opens += 1
                 if truncate:
-                    handle.pending = self.store.new_data()
-            else:
-                handle = Handle("npy", node, t.n_elements * 8 + NPY_SLACK)
-                handle.unread = not truncate    # its current bytes, read at the first write
-            handle.tensor = original
-            return self._truncated(handle, truncate)
+                    handle.truncate(0)
+                return handle
+            handle = self._new_writer(node, truncate)
+            handle.dirty = truncate         # closing it is an edit even with nothing written
+            self._writers[node.ino] = handle
+            return handle
 
-    @staticmethod
-    def _truncated(handle: Handle, truncate: bool) -> Handle:
+    def _new_writer(self, node: FileNode, truncate: bool) -> WriteHandle:
         """Opened with O_TRUNC: the file is empty now, and closing it is an edit (``cp
         /dev/null metadata/KEY`` sets the empty string) even with nothing written."""
-        handle.dirty = truncate
-        return handle
+        pending = self._creating.get(node.ino)
+        if pending is not None:
+            handle = MetadataWrite(self, node, pending.limit, True, pending.key,
+                                   pending.type_name, created=True)
+            handle.buf = bytearray(pending.buf)
+            return handle
+        key = self._key_of.get(node.ino)
+        if key is not None:
+            return MetadataWrite(self, node, max(MAX_METADATA_TEXT, 2 * node.view.size),
+                                 truncate, key, node.xattrs[TYPE_XATTR].decode())
+        original = self._original(node)
+        if original is None:
+            raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
+                              "be written")
+        t = self._by_name[original]
+        if self._is_raw(node):
+            return RawWrite(self, node, t.nbytes, truncate, original)
+        return NpyWrite(self, node, t.n_elements * 8 + NPY_SLACK, truncate, original)
+
+    def open_read(self, node) -> ReadHandle:
+        """A reader's handle; a version of a file of files/ is counted while open."""
+        if isinstance(node, DirNode):
+            raise EditRefused(errno.EISDIR, "a directory")
+        node.view.open()
+        snapshot = node.view.snapshot()
+        if snapshot is not None:
+            with self.lock:
+                self._readers[node.ino] = self._readers.get(node.ino, 0) + 1
+        return ReadHandle(self, node, snapshot)
+
+    def closed(self, handle: ReadHandle) -> None:
+        """A reader let go: a version of files/ that is no longer the current one and has
+        no reader left is forgotten."""
+        if handle.snapshot is None:
+            return
+        with self.lock:
+            ino = handle.node.ino
+            left = self._readers[ino] = self._readers[ino] - 1
+            if not left:
+                del self._readers[ino]
+                self._forget_old()
+
+    def _forget_old(self) -> None:
+        """Forget the versions of files/ that no reader holds, but the last
+        ``OLD_VERSIONS_KEPT`` of them."""
+        unread = [ino for ino in self._old if not self._readers.get(ino)]
+        for ino in unread[:max(0, len(unread) - OLD_VERSIONS_KEPT)]:
+            del self._old[ino]
+            self.tree.forget(ino)
+
+    def writer(self, node) -> WriteHandle | None:
+        """The write session open on ``node``, or None."""
+        return self._writers.get(node.ino)
+
+    def size_now(self, node) -> int:
+        """A file's size as every open sees it: its write session's while one is open."""
+        handle = self._writers.get(node.ino)
+        return node.view.size if handle is None else handle.size
+
+    def read_now(self, node, offset: int, buf: memoryview) -> int:
+        """A file's bytes as every open sees them: its write session's while one is open (a
+        read after a write sees it, before any close), else its view's."""
+        handle = self._writers.get(node.ino)
+        if handle is None:
+            return node.view.read_into(offset, buf)
+        return handle.read_into(offset, buf)
 
     @staticmethod
     def _copy_into(view, pending) -> None:
@@ -475,7 +807,7 @@ class Editor:
             pending.pwrite(at, data)
             at += len(data)
 
-    def create(self, parent, name: str) -> tuple[FileNode, Handle]:
+    def create(self, parent, name: str) -> tuple[FileNode, MetadataWrite]:
         with self._editing():
             if parent is not self.meta_dir:
                 raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
@@ -491,68 +823,24 @@ class Editor:
                                                                  next(self.version)), lambda: b""))
             node.xattrs = {TYPE_XATTR: b"string"}
             parent.children[name] = node
-            handle = Handle("metadata", node, MAX_METADATA_TEXT)
-            handle.key, handle.type_name, handle.created, handle.dirty = key, "string", True, True
-            self._creating[node.ino] = handle
+            handle = MetadataWrite(self, node, MAX_METADATA_TEXT, True, key, "string",
+                                   created=True)
+            handle.dirty = True
+            self._creating[node.ino] = self._writers[node.ino] = handle
             self._touch(parent)
             return node, handle
 
     # -- writing -----------------------------------------------------------------------------
-    def write(self, handle: Handle, offset: int, data: bytes) -> int:
-        end = offset + len(data)
-        if end > handle.limit:
-            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {handle.limit} bytes)")
-        if handle.kind == "raw":
-            if handle.pending is None:
-                handle.pending = self.store.new_data()
-                self._copy_into(handle.node.view, handle.pending)
-            handle.pending.pwrite(offset, data)
-        else:
-            if handle.unread:
-                handle.buf = bytearray(handle.node.view.read(0, handle.node.view.size))
-                handle.unread = False
-            if offset > len(handle.buf):
-                handle.buf.extend(bytes(offset - len(handle.buf)))
-            handle.buf[offset:end] = data
-        handle.dirty = True
-        if handle.kind == "metadata" and handle.type_name != "string" \
-                and not handle.type_name.startswith("array") and handle.buf.endswith(b"\n"):
-            # a scalar's one line is complete: text that does not read fails the write
-            # itself, which the shell reports (`echo two > KEY`: it ignores close)
-            try:
-                parse_text(handle.type_name, bytes(handle.buf))
-            except TextError as error:
-                raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
-                                  f"(the key keeps its value)") from None
-        return len(data)
-
-    def truncate(self, node, size: int, handle: Handle | None) -> None:
-        if handle is None:
-            if isinstance(node, FileNode) and size == node.view.size:
-                return
-            raise EditRefused(errno.EINVAL, "truncate an open file (open with O_TRUNC)")
-        if size > handle.limit:
-            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
-        if handle.kind == "raw":
-            if handle.pending is None:
-                handle.pending = self.store.new_data()
-                if size:
-                    self._copy_into(handle.node.view, handle.pending)
-            handle.pending.truncate(size)
-        else:
-            if handle.unread:
-                handle.buf = bytearray(handle.node.view.read(0, min(size, handle.node.view.size)))
-                handle.unread = False
-            del handle.buf[size:]
-            handle.buf.extend(bytes(size - len(handle.buf)))
-        handle.dirty = True
-
-    def size_of(self, handle: Handle) -> int:
-        if handle.pending is not None:
-            return handle.pending.size
-        if handle.kind == "raw" or handle.unread:
-            return handle.node.view.size
-        return len(handle.buf)
+    def truncate(self, node, size: int) -> None:
+        """``truncate PATH`` of a file no open of the caller's writes: its write session's
+        if one is open; else only to the size it has."""
+        handle = self._writers.get(node.ino) if isinstance(node, FileNode) else None
+        if handle is not None:
+            handle.truncate(size)
+            return
+        if isinstance(node, FileNode) and size == node.view.size:
+            return
+        raise EditRefused(errno.EINVAL, "truncate an open file (open with O_TRUNC)")
 
     def set_type(self, node, type_name: str) -> None:
         """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
@@ -574,20 +862,8 @@ class Editor:
                 raise EditRefused(errno.EINVAL, f"{key}: {error}") from None
             self._set_key(key, (type_name, value))
 
-    # -- closing: the edit takes effect ------------------------------------------------------
-    def flush(self, handle: Handle) -> None:
-        if not handle.dirty:
-            return
-        with self._editing():
-            if handle.kind == "metadata":
-                self._flush_metadata(handle)
-            elif handle.kind == "raw":
-                self._flush_raw(handle)
-            else:
-                self._flush_npy(handle)
-            handle.dirty = False
-
-    def _flush_metadata(self, handle: Handle) -> None:
+    # -- closing: the edit takes effect (WriteHandle.flush calls these) ---------------------
+    def _flush_metadata(self, handle: MetadataWrite) -> None:
         try:
             value = parse_text(handle.type_name, bytes(handle.buf))
         except TextError as error:
@@ -608,7 +884,7 @@ class Editor:
         edit = self.state.tensors.get(original)
         return original if edit is None else edit.name
 
-    def _flush_raw(self, handle: Handle) -> None:
+    def _flush_raw(self, handle: RawWrite) -> None:
         t = self._by_name[handle.tensor]
         pending = handle.pending
         if pending.size != t.nbytes:
@@ -622,7 +898,7 @@ class Editor:
         handle.pending = None           # a later write starts from the bytes kept now
         self._replace_data(handle, name, data_name)
 
-    def _flush_npy(self, handle: Handle) -> None:
+    def _flush_npy(self, handle: NpyWrite) -> None:
         import numpy as np
 
         t = self._by_name[handle.tensor]
@@ -639,15 +915,29 @@ class Editor:
             raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
         self._replace_data(handle, name, self.store.put_data(data))
 
-    def _replace_data(self, handle: Handle, name: str, data_name: str) -> None:
+    def _replace_data(self, handle: RawWrite | NpyWrite, name: str, data_name: str) -> None:
         self._commit(self.state.with_tensor(handle.tensor, TensorEdit(name, data_name)))
         self._set_views(handle.node, handle.tensor, data_name)
 
-    def release(self, handle: Handle) -> None:
+    def release(self, handle: WriteHandle) -> None:
+        """One open of ``handle`` let go; at the last, bytes written since the last close
+        are kept (or the refusal logged: no caller is left to tell), and the session ends."""
         with self._editing():
-            if handle.pending is not None:
-                handle.pending.drop()
-            if handle.created and self._creating.get(handle.node.ino) is handle:
+            handle.opens -= 1
+            if handle.opens:
+                return
+            if self._writers.get(handle.node.ino) is handle:
+                del self._writers[handle.node.ino]
+            try:
+                if handle.dirty and not handle.reported:
+                    handle.flush()
+            except OSError as error:
+                log.warning("edit refused at the last close: %s", error.strerror or error)
+            finally:
+                with handle.lock:
+                    handle._drop()
+            if isinstance(handle, MetadataWrite) and handle.created \
+                    and self._creating.get(handle.node.ino) is handle:
                 # a new key never closed with a value it reads as: not made
                 del self._creating[handle.node.ino]
                 for name, node in list(self.meta_dir.children.items()):
@@ -848,75 +1138,77 @@ class Editor:
 
 
 class ComposedView(View):
-    """A model file in files/ of an editable mount: the edited file as composed now; a
-    reader that opened it holds its own snapshot (``snapshot``)."""
+    """A model file in files/ of an editable mount, one version of it: the file composed
+    for one ``EditState`` (composed when first read, unless given).  Its bytes never change:
+    an edit makes a new node (``Editor._new_versions``), so an open reads one version."""
 
     cheap_size = True
+    mtime_ns: int | None
 
-    def __init__(self, editor: Editor, path: str):
+    def __init__(self, editor: Editor, path: str, state: EditState,
+                 composed: ComposedFile | None = None):
         self.editor = editor
         self.path = path
+        self.state = state
+        self._file = composed
+        self.mtime_ns = editor.mtime_ns
+
+    def file(self) -> ComposedFile:
+        found = self._file
+        if found is None:
+            with self.editor.lock:
+                found = self._file = self.editor.composed(self.path, self.state)
+        return found
 
     @property
     def size(self) -> int:
-        return self.editor.composed(self.path).size
+        return self.file().size
 
-    @property
-    def mtime_ns(self) -> int:
-        return self.editor.mtime_ns
-
-    def snapshot(self) -> ComposedFile:
-        with self.editor.lock:
-            return self.editor.composed(self.path)
+    def snapshot(self) -> View:
+        return self
 
     def read_into(self, offset: int, buf) -> int:
-        return self.editor.composed(self.path).read_into(offset, buf)
+        return self.file().read_into(offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
-        return self.editor.composed(self.path).read(offset, size)
+        return self.file().read(offset, size)
 
 
-class _Bytes:
-    def __init__(self, data: bytes):
-        self.data = data
-        self.size = len(data)
+class _GeneratedVersion(GeneratedView):
+    """metadata.json of an editable mount, one version of it (``Editor._new_versions``)."""
 
-    def read_into(self, offset: int, buf) -> int:
-        part = memoryview(self.data)[offset:offset + len(buf)]
-        buf[:len(part)] = part
-        return len(part)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset:offset + size]
+    def snapshot(self) -> View:
+        return self
 
 
-class IndexView(ComposedView):
-    """A sharded safetensors model's index, its weight_map as edited."""
+class IndexView(View):
+    """A sharded safetensors model's index in files/, its weight_map as edited: one version,
+    as ``ComposedView``."""
 
-    def __init__(self, editor: Editor):
-        super().__init__(editor, "")
-        self._kept: tuple | None = None
+    cheap_size = True
+    mtime_ns: int | None
 
-    def _now(self) -> _Bytes:
-        state = self.editor.state
-        kept = self._kept
-        if kept is None or kept[0] is not state:
-            kept = self._kept = (state, _Bytes(self.editor.index_bytes(state)))
-        return kept[1]
+    def __init__(self, editor: Editor, state: EditState):
+        self.editor = editor
+        self.state = state
+        self._data: bytes | None = None
+        self.mtime_ns = editor.mtime_ns
+
+    def _bytes(self) -> bytes:
+        data = self._data
+        if data is None:
+            data = self._data = self.editor.index_bytes(self.state)
+        return data
 
     @property
     def size(self) -> int:
-        return self._now().size
+        return len(self._bytes())
 
-    def snapshot(self):
-        with self.editor.lock:
-            return self._now()
-
-    def read_into(self, offset: int, buf) -> int:
-        return self._now().read_into(offset, buf)
+    def snapshot(self) -> View:
+        return self
 
     def read(self, offset: int, size: int) -> bytes:
-        return self._now().read(offset, size)
+        return self._bytes()[offset:offset + size]
 
 
 def text_of(value) -> bytes:
@@ -926,4 +1218,5 @@ def text_of(value) -> bytes:
     return scalar_text(value.value())
 
 
-__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "edited_tensors"]
+__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "MetadataWrite", "NpyWrite",
+           "OpenFile", "RawWrite", "ReadHandle", "WriteHandle", "edited_tensors"]

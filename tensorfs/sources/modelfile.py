@@ -9,7 +9,8 @@ from __future__ import annotations
 from tensorfs.errors import ModelError
 from tensorfs.formats import NeedMoreBytes, gguf, pytorch, safetensors
 from tensorfs.model import ModelFile
-from tensorfs.sources.local import ModelSource, SourceError
+from tensorfs.sources.local import ModelSource
+from tensorfs.sources.source import SourceError
 
 # Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
 # is re-read at least as far as the parser asks and four times longer than before: a few
