@@ -151,6 +151,7 @@ bench: test-venv
 	@# W4, W5: whole remote files through files/ (issue 24)
 	$(BIN)/python bench/bench_clients.py
 	$(BIN)/python bench/bench_facts.py
+	$(BIN)/python bench/bench_pytorch.py
 	$(BIN)/python bench/bench_fleet.py
 	@# tensorfs beside rclone (Debian's package) and curl on one nginx (issue 31)
 	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone

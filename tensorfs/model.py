@@ -31,6 +31,10 @@ class TensorInfo(NamedTuple):
     file: str
     byte_order: str = "<"           # "<" or ">": byte order of the element / scale lanes
     ggml_type: int | None = None    # the GGUF type id; None for safetensors
+    # a PyTorch tensor that is not contiguous in its storage: its strides (elements), with
+    # ``offset`` the byte of element 0 and ``nbytes`` its elements' bytes, gathered by who
+    # serves it (tensorfs.loading.checkpoints); None: the bytes are [offset, offset + nbytes)
+    strides: tuple[int, ...] | None = None
 
     @property
     def n_elements(self) -> int:
@@ -73,7 +77,7 @@ class ModelFile:
     infos and alignment padding.  ``tensors`` are in the order the file lists them.
     """
 
-    format: str                     # "gguf" | "safetensors"
+    format: str                     # "gguf" | "safetensors" | "pytorch"
     version: int | None             # GGUF version; None for safetensors
     path: str
     file_size: int

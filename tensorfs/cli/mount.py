@@ -91,6 +91,10 @@ def _editor(args, mounted):
     directory = getattr(args, "edits", None)
     if directory is None:
         return None
+    if mounted.model.files[0].format == "pytorch":
+        raise UserError(f"{mounted.model.source}: --edits does not apply to a PyTorch "
+                        "checkpoint (docs/pytorch.md): copy files/*.safetensors out of a "
+                        "mount and mount that copy with --edits")
     from tensorfs.editing.compose import EditError
     from tensorfs.editing.session import EditRefused
     from tensorfs.editing.store import EditsError, EditStore, source_identity

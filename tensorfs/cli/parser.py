@@ -19,8 +19,9 @@ DEFAULT_DISK_CACHE_SIZE = "10G"
 DEFAULT_TIMEOUT_S = 60.0
 COMMANDS = ("mount", "unmount", "umount", "inspect", "list", "hash", "stats", "diff")
 
-MODEL_HELP = ("a .safetensors or .gguf file (the format is told from its bytes), a "
-              "model.safetensors.index.json, a directory holding one model, the first shard "
+MODEL_HELP = ("a .safetensors or .gguf file or a PyTorch checkpoint (the format is told from "
+              "its bytes), a model.safetensors.index.json or pytorch_model.bin.index.json, a "
+              "directory holding one model, the first shard "
               "of a split GGUF (…-00001-of-000NN.gguf), or a URL (https://, hf://, s3://, …)")
 
 

@@ -192,7 +192,8 @@ def _validate(entries: _Entries, header_size: int, file_size: int,
     if not _all_valid(entries, sizes, header_size, file_size):
         _walk(entries, header_size, file_size)
     offsets = [header_size + begin for begin in begins]
-    rows = zip(names, dtypes, shapes, offsets, sizes, repeat(path), repeat("<"), repeat(None))
+    rows = zip(names, dtypes, shapes, offsets, sizes, repeat(path), repeat("<"), repeat(None),
+               repeat(None))
     # tuple.__new__(TensorInfo, row) is TensorInfo(*row) without a Python frame per tensor
     return tuple(map(tuple.__new__, repeat(TensorInfo), rows))
 

@@ -18,7 +18,7 @@ from tensorfs.convert.plan import Plans, ViewPlan
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool
 from tensorfs.errors import ModelError
 from tensorfs.fuse.operations import Later
-from tensorfs.loading.wholefiles import Companions, whole_file_views
+from tensorfs.loading.wholefiles import Companions, whole_file_directories, whole_file_views
 from tensorfs.model import Model
 from tensorfs.mount.longwork import LongWork
 from tensorfs.mount.metadata_files import add_metadata_files
@@ -351,8 +351,10 @@ def build_mount(model: Model, budget: MemoryBudget, layout: str = "tree",
         tree.add_file("header.bin", RawView(sources[f.path], 0, f.header_size))
 
     if "files" in views:
+        for name in whole_file_directories(model):      # a subfolder, even an empty one
+            tree.add_dir("files/" + "/".join(map(entry_name, name.split("/"))))
         for name, view in whole_file_views(model, sources).items():
-            tree.add_file(f"files/{entry_name(name)}", view)
+            tree.add_file("files/" + "/".join(map(entry_name, name.split("/"))), view)
 
     def produce_metadata_json():
         paths, plans = describe(model, layout)
