@@ -149,6 +149,58 @@ def test_composed_gguf_is_what_gguf_py_writes(tmp_path, endian):
     store.close()
 
 
+def test_the_edit_session_edits_a_model_in_model_terms(tmp_path):
+    """``EditSession`` without a mount or a tree: a key set from a file's text, a key
+    deleted, a tensor replaced by an ``.npy``, one removed, one renamed; a name taken and a
+    text that is not a value refused (errno, the state unchanged).  The composed file is
+    what GGUFWriter writes, and a new session on the same DIR composes it again."""
+    import errno
+    import io
+
+    from tensorfs.editing.session import EditRefused, EditSession
+    from tensorfs.editing.store import EditStore
+    from tensorfs.loading.loader import load_model
+
+    path = write_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors())
+    model = load_model(str(path))
+    store = EditStore(str(tmp_path / "edits"), [])
+    session = EditSession(model, model.sources, store)
+    session.set_key("tokenizer.ggml.eos_token_id", session.parsed(
+        "tokenizer.ggml.eos_token_id", "uint32", b"2\n", "kept"))
+    session.delete_key("general.source.url")
+    new_norm = np.linspace(-1, 1, 8, dtype=np.float64)     # stored in the tensor's float32
+    npy = io.BytesIO()
+    np.save(npy, new_norm)
+    committed, data_name = session.replace_npy("output_norm.weight", npy.getvalue())
+    assert committed.state.tensors["output_norm.weight"].data == data_name
+    session.remove_tensor("blk.0.attn_q.weight")
+    session.commit(session.renamed({"blk.0.ids": "blk.0.ids_renamed"}))
+    kept = session.state
+    with pytest.raises(EditRefused) as taken:
+        session.renamed({"token_embd.weight": "blk.0.ids_renamed"})
+    with pytest.raises(EditRefused) as not_a_value:
+        session.parsed("tokenizer.ggml.eos_token_id", "uint32", b"two\n", "kept")
+    assert (taken.value.errno, not_a_value.value.errno) == (errno.EEXIST, errno.EINVAL)
+    assert session.state is kept
+    composed = session.composed().read(0, 1 << 30)
+    store.close()
+
+    kvs = base_kvs()
+    kvs[1] = ("tokenizer.ggml.eos_token_id", 2, GV.UINT32, None)
+    del kvs[3]
+    tensors = base_tensors()
+    tensors["output_norm.weight"] = new_norm.astype(np.float32)
+    del tensors["blk.0.attn_q.weight"]
+    tensors["blk.0.ids_renamed"] = tensors.pop("blk.0.ids")
+    order = ["token_embd.weight", "blk.0.ffn_up.weight", "output_norm.weight", "blk.0.ids_renamed"]
+    reference = write_gguf(tmp_path / "ref.gguf", kvs, {n: tensors[n] for n in order})
+    assert composed == reference.read_bytes()
+    again = EditSession(model, model.sources, EditStore(str(tmp_path / "edits"), []))
+    assert again.composed().read(0, 1 << 30) == composed
+    again.store.close()
+    model.close()
+
+
 def test_composed_safetensors_loads_as_save_file_wrote_it(tmp_path):
     from tensorfs.editing.store import EditState, EditStore, TensorEdit
 

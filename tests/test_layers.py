@@ -25,8 +25,8 @@ LAYERS = [
     "formats",      # formats/: the parsers, bytes in, a ModelFile out
     "convert",      # convert/: stored types to float32, each tensor's view plan, the workers
     "sources",      # sources/: where the bytes live: local files, URLs, transports, caches
-    "editing",      # editing/: the edit store in DIR and the composer of an edited file
-    #                 (a replacement's bytes are a ``Source``)
+    "editing",      # editing/: the edit session in model terms (state, commit, compose), the
+    #                 store in DIR (a replacement's bytes are a ``Source``); no tree
     "views",        # views/: byte views of a source, and the naming rule that places them
     "loading",      # loading/: a model loaded: its shards, its files whole
     "api",          # api.py: the Python API
@@ -177,3 +177,35 @@ def test_every_folder_is_a_layer():
     top = sorted(m for m in modules() if m.count(".") == 1 and m not in MODULE_LAYERS
                  and f"{m}" not in folders)
     assert all(layer_of(m) == "core" for m in top), top
+
+
+def test_editing_knows_nothing_of_the_tree():
+    """The edit session (``editing/``) works in model terms: it imports nothing of the
+    views, the loading or the mount, and names none of the tree's types; the mount's
+    tree-side editor calls down into it, and the handles call back through a declared
+    ``HandleOwner``, not an import of the editor."""
+    graph = import_graph()
+    editing = {m for m in graph if m.startswith("tensorfs.editing")}
+    assert "tensorfs.editing.session" in editing
+    above = sorted(f"{m} imports {d}" for m in editing for d in graph[m]
+                   if d.startswith(("tensorfs.views", "tensorfs.loading", "tensorfs.mount")))
+    assert above == [], above
+    for m in editing:
+        path = modules()[m][0]
+        names = {n.id for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Name)}
+        assert not names & {"FileNode", "DirNode", "Tree", "View"}, m
+    assert "tensorfs.editing.session" in graph["tensorfs.mount.editable"]
+    assert "tensorfs.mount.editable" not in graph["tensorfs.mount.edithandles"]
+    assert "tensorfs.mount.edithandles" in graph["tensorfs.mount.editable"]
+
+
+def test_a_handle_calls_back_only_what_handle_owner_declares():
+    """The one call-back of an edit's route: a handle calls its ``owner`` (the editor that
+    made it) only through the methods ``edithandles.HandleOwner`` declares."""
+    tree = ast.parse(modules()["tensorfs.mount.edithandles"][0].read_text())
+    owner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "HandleOwner")
+    declared = {n.name for n in owner.body if isinstance(n, ast.FunctionDef)}
+    called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+              and (isinstance(n.value, ast.Name) and n.value.id == "owner"
+                   or isinstance(n.value, ast.Attribute) and n.value.attr == "owner")}
+    assert called and called <= declared, called - declared

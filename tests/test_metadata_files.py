@@ -253,7 +253,8 @@ def test_a_model_without_metadata_has_an_empty_metadata_directory(tmp_path, moun
 
 
 def test_escaping_rules_in_process():
-    from tensorfs.mount.metadata_files import escape_element, metadata_file_name, render_lines
+    from tensorfs.formats.metadata_text import escape_element, render_lines
+    from tensorfs.mount.metadata_files import metadata_file_name
 
     assert escape_element("a\nb\\c\r\t\x00\x7f") == "a\\nb\\\\c\\r\\t\\x00\\x7f"
     assert escape_element(b"\xff".decode("utf-8", "surrogateescape")) == "\\xff"

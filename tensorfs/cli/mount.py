@@ -96,8 +96,9 @@ def _editor(args, mounted):
                         "checkpoint (docs/pytorch.md): copy files/*.safetensors out of a "
                         "mount and mount that copy with --edits")
     from tensorfs.editing.compose import EditError
+    from tensorfs.editing.session import EditRefused
     from tensorfs.editing.store import EditsError, EditStore, source_identity
-    from tensorfs.mount.editable import Editor, EditRefused
+    from tensorfs.mount.editable import Editor
 
     try:
         store = EditStore(directory, source_identity(mounted.model, mounted.sources))

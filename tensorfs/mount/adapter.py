@@ -12,10 +12,12 @@ import logging
 import os
 from collections.abc import Callable
 
+from tensorfs.editing.session import EditRefused
 from tensorfs.fuse.operations import Entry, FsError, Later, Operations
 from tensorfs.fuse.options import MountOptions
 from tensorfs.fuse.session import Session
-from tensorfs.mount.editable import TYPE_XATTR, Editor, EditRefused, OpenFile, WriteHandle
+from tensorfs.mount.editable import TYPE_XATTR, Editor
+from tensorfs.mount.edithandles import OpenFile, WriteHandle
 from tensorfs.sources.source import SourceError
 from tensorfs.views.names import DirNode, FileNode, Tree
 

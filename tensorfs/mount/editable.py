@@ -1,62 +1,54 @@
-"""An editable mount (``--edits DIR``): the files a user may change, what each change means
-to the model, and the tree kept true to the edits (docs/editing.md).
+"""An editable mount (``--edits DIR``), the tree side: the files a user may change, placed in
+the mount's tree and kept true to the edits (docs/editing.md).
 
 - ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
-  closed (``metadata_files.parse_text``); a new file is a scratch file of the mount (in
-  memory, never in the model: a tool's temporary, swap or backup file) until it is closed
-  under a key name (``is_key_name``: then a new key, a string or the type given by the
-  ``user.tensorfs.type`` extended attribute) or renamed onto a key (its text read in that
-  key's type: ``sed -i``); ``rm`` deletes the key, ``mv`` renames it.  Only
-  ``user.tensorfs.type`` changes a key's type.
+  closed; a new file is a scratch file of the mount (in memory, never in the model: a
+  tool's temporary, swap or backup file) until it is closed under a key name
+  (``is_key_name``: then a new key, a string or the type given by the ``user.tensorfs.type``
+  extended attribute) or renamed onto a key (its text read in that key's type: ``sed -i``);
+  ``rm`` deletes the key, ``mv`` renames it.  Only ``user.tensorfs.type`` changes a key's
+  type.
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
-  with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
-  ``rm`` of either removes the tensor, ``mv`` renames it.
-- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a new version (a
-  new inode) at each edit, so that an open reads one version whole.
+  with a ``numpy.save`` file of its shape, stored in its type; ``rm`` of either removes the
+  tensor, ``mv`` renames it.
+- ``files/<model file>``: the edited model, a new version (a new inode) at each edit, so
+  that an open reads one version whole.
 
-Each change is kept by the ``EditStore`` first (atomically), then shown.  The FUSE adapter
-(``tensorfs.mount.adapter``) calls in with nodes, and keeps the opens this module gives
-(``OpenFile``: ``ReadHandle``, a ``WriteHandle`` per kind of file), calling them by type;
-nothing here knows about FUSE, and errors are ``EditRefused(errno, why)``: the why is logged,
-the errno answered.
+An edit's route, top-down: the FUSE adapter (``tensorfs.mount.adapter``) calls ``Editor``
+with nodes and keeps the opens it gives (``tensorfs.mount.edithandles``); ``Editor``
+translates a node into model names and calls the edit session
+(``tensorfs.editing.session.EditSession``), which checks the edit, keeps it in the store and
+composes the files; ``Editor`` then shows it in the tree and tells the adapter which nodes
+changed (``on_change``).  Nothing here knows about FUSE; errors are ``EditRefused(errno,
+why)``: the why is logged, the errno answered.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import itertools
-import json
 import logging
 import os
 import re
-import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tensorfs.convert.plan import plan_view
-from tensorfs.editing.compose import (
-    ComposedFile,
-    Composer,
-    EditError,
-    edited_tensors,
-    encode_array,
+from tensorfs.editing.compose import ComposedFile, typed_value
+from tensorfs.editing.session import Committed, EditRefused, EditSession
+from tensorfs.editing.store import EditState, EditStore, PendingData
+from tensorfs.mount.edithandles import (
+    MAX_SCRATCH_FILES,
+    MetadataWrite,
+    NpyWrite,
+    RawWrite,
+    ReadHandle,
+    Scratch,
+    ScratchView,
+    WriteHandle,
 )
-from tensorfs.editing.store import EditState, EditStore, PendingData, TensorEdit
-from tensorfs.model import Model
-from tensorfs.mount.metadata_files import (
-    DIRECTORY,
-    SCALAR_TYPES,
-    TextError,
-    is_array,
-    metadata_file_name,
-    metadata_view,
-    parse_text,
-    render_lines,
-    scalar_text,
-)
+from tensorfs.mount.metadata_files import DIRECTORY, metadata_file_name, metadata_view
 from tensorfs.mount.metadata_json import metadata_json_pieces
 from tensorfs.mount.tree import TENSOR_VIEWS, TensorXattrs, describe
 from tensorfs.views.byteviews import ConvertedView, GeneratedView, NpyView, RawView, View
@@ -73,18 +65,11 @@ NPY_SLACK = 1 << 16
 # Versions of a file of files/ replaced by an edit and not open, kept all the same: the
 # kernel opens what a lookup answered, which an edit in between may have replaced.
 OLD_VERSIONS_KEPT = 16
-# Scratch files of metadata/ (a tool's temporary, swap and backup files): at most this many,
-# holding at most this much in all.
-MAX_SCRATCH_FILES = 64
-MAX_SCRATCH_BYTES = 64 << 20
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
 
-
-class EditRefused(OSError):
-    """An edit refused: ``errno`` answered, the message logged."""
-
-    def __init__(self, code: int, why: str):
-        super().__init__(code, why)
+#: what ``Editor.on_change`` is: called with the nodes an edit changed, once the edit is
+#: done (the FUSE adapter's ``TensorFS._changed``, which has the kernel drop what it cached)
+ChangeListener = Callable[[list], None]
 
 
 def _unescape(name: str) -> str:
@@ -118,320 +103,20 @@ def is_key_name(name: str, fmt: str) -> bool:
     return fmt != "gguf" or "." in name.strip(".")
 
 
-def _valid_type(type_name: str, fmt: str) -> bool:
-    if fmt == "safetensors":
-        return type_name == "string"
-    base = type_name
-    while base.startswith("array[") and base.endswith("]"):
-        base = base[len("array["):-1]
-    return base in SCALAR_TYPES
-
-
-class OpenFile(ABC):
-    """One open of a file of an editable mount: what the FUSE adapter holds under the
-    handle number it gives the kernel, and calls for every request on that open."""
-
-    #: the node opened
-    node: FileNode
-
-    @property
-    @abstractmethod
-    def size(self) -> int:
-        """The file's size as this open sees it."""
-
-    @abstractmethod
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        """The bytes at ``offset`` as this open sees them, into ``buf``: how many (fewer
-        only at the end)."""
-
-    def flush(self) -> None:
-        """A ``close()`` of a descriptor of this open (FUSE_FLUSH)."""
-
-    def fsync(self) -> None:
-        """``fsync``/``msync`` of this open (FUSE_FSYNC)."""
-
-    def release(self) -> None:
-        """The last descriptor and map of this open are gone (FUSE_RELEASE)."""
-
-
-class ReadHandle(OpenFile):
-    """A file opened for reading.  ``snapshot``: the bytes this open reads for its life (a
-    version of a file of files/, ``View.snapshot``), or None: the file as it is at each
-    read, a write session's bytes included (``Editor.read_now``)."""
-
-    def __init__(self, editor: Editor, node: FileNode, snapshot: View | None):
-        self.editor = editor
-        self.node = node
-        self.snapshot = snapshot
-
-    @property
-    def size(self) -> int:
-        if self.snapshot is not None:
-            return self.snapshot.size
-        return self.editor.size_now(self.node)
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        held = self.snapshot
-        if held is None:
-            return self.editor.read_now(self.node, offset, buf)
-        return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
-
-    def release(self) -> None:
-        self.editor.closed(self)
-
-
-class WriteHandle(OpenFile):
-    """A file open for writing: one per file, shared by every open of it for writing (as a
-    disk file's bytes are), and read by every open of it until the last one is released
-    (``Editor.read_now``).  Each ``close`` makes the bytes written so far the edit
-    (``flush``, ``fsync``); so does the last release, for writes that came after the last
-    close (a shared memory map written after ``close``, written back at ``munmap``).
-    ``limit``: the most bytes the file may hold."""
-
-    def __init__(self, editor: Editor, node: FileNode, limit: int):
-        self.editor = editor
-        self.node = node
-        self.limit = limit
-        self.opens = 1
-        self.dirty = False
-        self.reported = False       # the last attempt to keep the bytes failed, and said so
-        self.lock = threading.Lock()
-
-    # -- what each kind of file does -------------------------------------------------------
-    @abstractmethod
-    def _write(self, offset: int, data: bytes) -> None:
-        """Put ``data`` at ``offset`` (inside ``limit``)."""
-
-    @abstractmethod
-    def _truncate(self, size: int) -> None:
-        """Make the file ``size`` bytes long (inside ``limit``)."""
-
-    @abstractmethod
-    def _keep(self) -> None:
-        """Make the bytes written the edit (the editor's lock held): ``EditRefused`` if
-        they cannot be."""
-
-    def _drop(self) -> None:
-        """Let go of what the bytes being written hold (at the last release)."""
-
-    # -- the calls -------------------------------------------------------------------------
-    def write(self, offset: int, data: bytes) -> int:
-        end = offset + len(data)
-        if end > self.limit:
-            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {self.limit} bytes)")
-        with self.lock:
-            self._write(offset, data)
-            self.dirty, self.reported = True, False
-        return len(data)
-
-    def truncate(self, size: int) -> None:
-        if size > self.limit:
-            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
-        with self.lock:
-            self._truncate(size)
-            self.dirty, self.reported = True, False
-
-    def flush(self) -> None:
-        if not self.dirty:
-            return
-        with self.editor._editing(), self.lock:
-            if not self.dirty:
-                return
-            try:
-                self._keep()
-            except BaseException:
-                self.reported = True
-                raise
-            self.dirty = False
-
-    def fsync(self) -> None:
-        self.flush()
-
-    def release(self) -> None:
-        self.editor.release(self)
-
-
-class _BufferedWrite(WriteHandle):
-    """A file whose new bytes are held in memory until kept (a metadata file's text, an
-    ``.npy``).  ``unread``: opened without O_TRUNC, its current bytes not read yet (read at
-    the first write)."""
-
-    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool):
-        super().__init__(editor, node, limit)
-        self.buf = bytearray()
-        self.unread = not truncate
-
-    def _read_now(self, upto: int | None = None) -> None:
-        if self.unread:
-            view = self.node.view
-            self.buf = bytearray(view.read(0, view.size if upto is None else min(upto, view.size)))
-            self.unread = False
-
-    def _write(self, offset: int, data: bytes) -> None:
-        self._read_now()
-        if offset > len(self.buf):
-            self.buf.extend(bytes(offset - len(self.buf)))
-        self.buf[offset:offset + len(data)] = data
-
-    def _truncate(self, size: int) -> None:
-        self._read_now(size)
-        del self.buf[size:]
-        self.buf.extend(bytes(size - len(self.buf)))
-
-    @property
-    def size(self) -> int:
-        return self.node.view.size if self.unread else len(self.buf)
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        with self.lock:
-            if self.unread:
-                return self.node.view.read_into(offset, buf)
-            part = memoryview(self.buf)[offset:offset + len(buf)]
-            buf[:len(part)] = part
-            return len(part)
-
-
-class MetadataWrite(_BufferedWrite):
-    """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
-    ``key`` None: a scratch file of metadata/ (``Editor._scratch_handle``: its ``buf`` is
-    the scratch file's bytes, written in place), a key only once closed under a key name.
-    ``created``: a key that exists only once this text is kept."""
-
-    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
-                 key: str | None, type_name: str, created: bool = False):
-        super().__init__(editor, node, limit, truncate)
-        self.key = key
-        self.type_name = type_name
-        self.created = created
-
-    def _write(self, offset: int, data: bytes) -> None:
-        end = offset + len(data)
-        if self.key is None and end > len(self.buf) \
-                and self.editor._scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
-            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
-                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
-        super()._write(offset, data)
-        if self.type_name != "string" and not self.type_name.startswith("array") \
-                and self.buf.endswith(b"\n"):
-            # a scalar's one line is complete: text that does not read fails the write
-            # itself, which the shell reports (`echo two > KEY`: it ignores close)
-            try:
-                parse_text(self.type_name, bytes(self.buf))
-            except TextError as error:
-                self.dirty = True
-                what = "the key keeps its value" if self.key is not None else "not a key"
-                raise EditRefused(errno.EINVAL, f"metadata/{self.key or 'file'}: {error} "
-                                  f"({what})") from None
-
-    def _keep(self) -> None:
-        self.editor._flush_metadata(self)
-
-
-class NpyWrite(_BufferedWrite):
-    """A tensor's ``.npy`` open for writing: a ``numpy.save`` file, stored in the tensor's
-    type when kept.  ``tensor``: the tensor's original name."""
-
-    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
-                 tensor: str):
-        super().__init__(editor, node, limit, truncate)
-        self.tensor = tensor
-
-    def _keep(self) -> None:
-        self.editor._flush_npy(self)
-
-
-class RawWrite(WriteHandle):
-    """A tensor's raw file open for writing: its new bytes in a file of the edit store
-    (``PendingData``), a copy of its bytes made at the first write that does not replace
-    them all; kept at its size only.  ``tensor``: the tensor's original name."""
-
-    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
-                 tensor: str):
-        super().__init__(editor, node, limit)
-        self.tensor = tensor
-        self.pending: PendingData | None = editor.store.new_data() if truncate else None
-
-    def _started(self, copy_upto: int) -> PendingData:
-        pending = self.pending
-        if pending is None:
-            pending = self.pending = self.editor.store.new_data()
-            if copy_upto:
-                Editor._copy_into(self.node.view, pending)
-        return pending
-
-    def _write(self, offset: int, data: bytes) -> None:
-        self._started(1).pwrite(offset, data)
-
-    def _truncate(self, size: int) -> None:
-        self._started(size).truncate(size)
-
-    def _keep(self) -> None:
-        self.editor._flush_raw(self)
-
-    def _drop(self) -> None:
-        if self.pending is not None:
-            self.pending.drop()
-            self.pending = None
-
-    @property
-    def size(self) -> int:
-        pending = self.pending
-        return self.node.view.size if pending is None else pending.size
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        with self.lock:
-            pending = self.pending
-            if pending is None:
-                return self.node.view.read_into(offset, buf)
-            return pending.read_into(offset, buf)
-
-
-class ScratchView(View):
-    """A scratch file of metadata/: its bytes, in memory, changed in place by its writers."""
-
-    cheap_size = True
-
-    def __init__(self, data: bytearray | None = None):
-        self.data = bytearray() if data is None else data
-        self.mtime_ns = time.time_ns()
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return bytes(self.data[offset:offset + size])
-
-
-class Scratch:
-    """A file made in metadata/ that is not a key (yet): its name, its bytes (``view``), the
-    type given by ``user.tensorfs.type`` (None: a string, or the type of the key it replaces),
-    and the handle that created it while that is open."""
-
-    def __init__(self, name: str, node: FileNode, view: ScratchView, type_name: str | None):
-        self.name = name
-        self.node = node
-        self.view = view
-        self.type_name = type_name
-        self.handle: MetadataWrite | None = None
-
-
 class Editor:
-    """The edits of one mounted model (one file, shards or splits), applied to its tree."""
+    """The edits of one mounted model (one file, shards or splits), placed in its tree: the
+    ``HandleOwner`` of the handles it makes (``tensorfs.mount.edithandles``).  ``session``
+    (``EditSession``) makes each edit in model terms; this class finds what a node is of
+    (a key, a tensor, a scratch file), and shows each edit kept (``_shown``)."""
 
     def __init__(self, mounted, store: EditStore, layout: str):
         model = mounted.model
         self.model = model
-        self.files = model.files
-        # the file whose metadata metadata/ shows and edits: the one file, or a split
-        # GGUF's first (its KVs are the model's); a sharded safetensors model shows its
-        # index's metadata, which is not edited here
-        self.model_file = model.files[0]
-        self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
-        self.sources = {f.path: mounted.sources[f.path] for f in model.files}
-        self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
-        self.composers = {f.path: Composer(f, self.headers[f.path], self.sources[f.path],
-                                           store.data) for f in model.files}
+        self.session = session = EditSession(
+            model, {f.path: mounted.sources[f.path] for f in model.files}, store)
+        self.model_file = session.model_file
+        self.format = session.format
+        self.metadata_editable = session.metadata_editable
         self.tree = mounted.tree
         self.cache = mounted.cache
         self.budget = mounted.budget
@@ -439,15 +124,14 @@ class Editor:
         self.long_work = mounted.long_work      # an edited tensor's sha256, as the model's
         self.layout = layout
         self.store = store
-        self.lock = threading.RLock()
+        self.lock = session.lock
         self.mtime_ns = time.time_ns()
         self.version = itertools.count(1)
-        # set by the FUSE adapter: called with the nodes an edit changed, after the edit
-        self.on_change: Callable[[list], None] | None = None
+        # set by the FUSE adapter (``TensorFS.__init__``): see ``ChangeListener``
+        self.on_change: ChangeListener | None = None
         self._changed: list = []
         self._depth = 0
         self._ghost: tuple | None = None    # (directory, name, node): see ``ghost``
-        self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
         self._writers: dict[int, WriteHandle] = {}      # inode -> its write session
@@ -458,7 +142,6 @@ class Editor:
         # that name is read in that type (mv from another file system: unlink, then create;
         # vim's backup by rename: KEY to KEY~, then a new KEY)
         self._left_types: dict[str, str] = {}
-        self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
         if self.metadata_editable:
@@ -479,91 +162,27 @@ class Editor:
             for f in model.files:
                 node = files.children.get(entry_name(os.path.basename(f.path)))
                 if node is not None:
-                    node.view = ComposedView(self, f.path, store.state)
+                    node.view = ComposedView(session, f.path, store.state, self.mtime_ns)
                     self.whole_files.append(node)
                     self._whole_paths.append(f.path)
-            if model.files[0].format == "safetensors" and len(model.files) > 1:
+            if session.index is not None:
                 self._serve_index(files)
-        self._composed = (store.state, self._check_kept(store.state))
         self._replay(store.state)
         self._refresh_generated()
 
-    def _check_kept(self, state: EditState) -> dict:
-        """The edits kept in DIR, checked against the model as strictly as a model's header
-        is (DIR is input: a hand-edited journal, a data file gone or cut short): the files
-        they compose to, or ``EditError`` naming what is wrong, in one line."""
-        where = f"{self.store.root}/edits.json"
-        if state.metadata and not self.metadata_editable:
-            raise EditError(f"{where}: edits a sharded safetensors model's metadata (its "
-                            "index's, which is not edited)")
-        fmt = self.model_file.format
-        for key, typed in state.metadata.items():
-            if typed is None:
-                if key not in self.model_file.metadata:
-                    raise EditError(f"{where}: deletes {key!r}, which the model does not have")
-            elif not _valid_type(typed[0], fmt):
-                raise EditError(f"{where}: {key!r} has type {typed[0]!r}, not a metadata type "
-                                f"of a {fmt} model")
-        names: dict[str, str] = {}
-        for t in self.model.tensors:
-            edit = state.tensors.get(t.name)
-            name = t.name if edit is None else edit.name
-            if name is not None and names.setdefault(name, t.name) != t.name:
-                raise EditError(f"{where}: two tensors are named {name!r}")
-        for original, edit in state.tensors.items():
-            t = self._by_name.get(original)
-            if t is None:
-                raise EditError(f"{where}: edits tensor {original!r}, which the model does "
-                                "not have")
-            if edit.data is None:
-                continue
-            try:
-                size = self.store.data(edit.data).size
-            except OSError as error:
-                raise EditError(f"{where}: the new bytes of {original!r} cannot be opened "
-                                f"({edit.data}: {error.strerror})") from None
-            if size != t.nbytes:
-                raise EditError(f"{where}: the new bytes of {original!r} ({edit.data}) are "
-                                f"{size} bytes, the tensor holds {t.nbytes}")
-        try:
-            return self._compose_all(state)
-        except (EditError, TextError) as error:
-            raise EditError(f"{where}: {error}") from None
-
     def _serve_index(self, files) -> None:
         """A sharded safetensors model's index in files/: its weight_map follows the
-        removed and renamed tensors."""
+        removed and renamed tensors (``EditSession.index_bytes``)."""
         for companion in self.model.companions:
-            if not companion.name.endswith(".index.json"):
-                continue
-            node = files.children.get(entry_name(companion.name))
-            if node is None:
-                continue
-            source = companion.source()
-            try:
-                index = json.loads(source.read(0, source.size))
-            except ValueError:
+            if companion.name.endswith(".index.json"):
+                node = files.children.get(entry_name(companion.name))
+                if node is not None:
+                    self.index_node = node
+                    node.view = IndexView(self.session, self.store.state, self.mtime_ns)
                 return
-            if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
-                self.index_node = node
-                self._index = index
-                node.view = IndexView(self, self.store.state)
-            return
-
-    def index_bytes(self, state: EditState) -> bytes:
-        index = dict(self._index)
-        weight_map = {}
-        for name, shard in index["weight_map"].items():
-            edit = state.tensors.get(name)
-            if edit is None:
-                weight_map[name] = shard
-            elif edit.name is not None:
-                weight_map[edit.name] = shard
-        index["weight_map"] = weight_map
-        return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode()
 
     @contextlib.contextmanager
-    def _editing(self):
+    def editing(self) -> Iterator[None]:
         """One change at a time; afterwards the FUSE adapter is told what changed (so that
         the kernel drops what it cached of those files and directories)."""
         with self.lock:
@@ -586,59 +205,11 @@ class Editor:
     def state(self) -> EditState:
         return self.store.state
 
-    def _compose_all(self, state: EditState) -> dict:
-        """path -> ComposedFile of every model file.  Metadata edits go to the metadata
-        file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
-        out = {}
-        for f in self.files:
-            if f is self.model_file:
-                file_state = state
-                count = f.metadata.get("split.tensors.count")
-                if count is not None and len(self.files) > 1:
-                    total = sum(1 for t in self.model.tensors
-                                if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
-                    if count.value() != total:
-                        file_state = state.with_metadata("split.tensors.count",
-                                                         (count.type_name, total))
-            else:
-                file_state = EditState({}, state.tensors)     # its composer keeps its layout
-            out[f.path] = self.composers[f.path].compose(file_state)
-        return out
-
-    def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
-        return self.composed_all(state)[path or self.model_file.path]
-
-    def composed_all(self, state: EditState | None = None) -> dict:
-        state = self.store.state if state is None else state
-        kept = self._composed
-        if kept is not None and kept[0] is state:
-            return kept[1]
-        composed = self._compose_all(state)
-        if state is self.store.state:
-            self._composed = (state, composed)
-        return composed
-
-    def edited_model(self, state: EditState | None = None) -> Model:
-        files = tuple(c.model_file for c in self.composed_all(state).values())
-        tensors = tuple(t for f in files for t in f.tensors)
-        metadata = files[0].metadata if self.metadata_editable else self.model.metadata
-        return Model(files, tensors, metadata, self.model.source)
-
-    def _try(self, state: EditState) -> dict:
-        """Refuse (EINVAL) a state the format cannot hold, before it is kept; else its
-        composed files."""
-        try:
-            return self._compose_all(state)
-        except (EditError, TextError) as error:
-            raise EditRefused(errno.EINVAL, str(error)) from None
-
-    def _commit(self, state: EditState) -> None:
+    def _shown(self, committed: Committed) -> None:
+        """An edit kept by the session, shown: new versions of files/ and metadata.json."""
         self._ghost = None
-        composed = self._try(state)
-        self.store.commit(state)
-        self._composed = (state, composed)
         self.mtime_ns = time.time_ns()
-        self._new_versions(state, composed)
+        self._new_versions(committed.state, committed.files)
         self._refresh_generated()
         self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
                     *self.whole_files)
@@ -652,11 +223,13 @@ class Editor:
         directory = self._files_dir
         replaced = []
         for i, (node, path) in enumerate(zip(self.whole_files, self._whole_paths)):
-            new = self.tree.new_node(ComposedView(self, path, state, composed[path]), node.xattrs)
+            view = ComposedView(self.session, path, state, self.mtime_ns, composed[path])
+            new = self.tree.new_node(view, node.xattrs)
             self.whole_files[i] = new
             replaced.append((node, new))
         if self.index_node is not None:
-            new = self.tree.new_node(IndexView(self, state), self.index_node.xattrs)
+            index = IndexView(self.session, state, self.mtime_ns)
+            new = self.tree.new_node(index, self.index_node.xattrs)
             replaced.append((self.index_node, new))
             self.index_node = new
         for node, new in replaced:
@@ -682,7 +255,7 @@ class Editor:
         state = self.state
 
         def produce():
-            model = self.edited_model(state)
+            model = self.session.edited_model(state)
             paths, plans = describe(model, self.layout)
             return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
         self.metadata_json.view = _GeneratedVersion(self.cache, ("metadata.json", version),
@@ -724,7 +297,7 @@ class Editor:
         return None
 
     def _tensor_views(self, original: str, data_name: str):
-        t = self._by_name[original]
+        t = self.session.tensor(original)
         data = self.store.data(data_name)
         raw = RawView(data, 0, t.nbytes)
         plan = plan_view(t)
@@ -747,7 +320,7 @@ class Editor:
                 n.view = raw if is_raw else view
                 # the raw file's sha256 is of its bytes now, not of the model's, hashed
                 # as the model's are (a large one by the mount's long work, no thread held)
-                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None,
+                n.xattrs = TensorXattrs(self.session.tensor(original), raw if is_raw else None,
                                         self.long_work)
                 self._touch(n)
 
@@ -814,8 +387,6 @@ class Editor:
                 self._key_of.pop(node.ino, None)
             self._touch(self.meta_dir)
             return
-        from tensorfs.editing.compose import typed_value
-
         value = typed_value(*typed)
         view = metadata_view(self.cache, key, value, next(self.version))
         view.mtime_ns = time.time_ns()
@@ -832,7 +403,7 @@ class Editor:
     def open_write(self, node, truncate: bool) -> WriteHandle:
         """The file's write session: a new one, or the one already open (O_TRUNC empties
         it)."""
-        with self._editing():
+        with self.editing():
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, "a directory")
             handle = self._writers.get(node.ino)
@@ -860,7 +431,7 @@ class Editor:
         if original is None:
             raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
                               "be written")
-        t = self._by_name[original]
+        t = self.session.tensor(original)
         if self._is_raw(node):
             return RawWrite(self, node, t.nbytes, truncate, original)
         return NpyWrite(self, node, t.n_elements * 8 + NPY_SLACK, truncate, original)
@@ -913,18 +484,11 @@ class Editor:
             return node.view.read_into(offset, buf)
         return handle.read_into(offset, buf)
 
-    @staticmethod
-    def _copy_into(view, pending) -> None:
-        at, step = 0, 1 << 20
-        while at < view.size:
-            data = view.read(at, step)
-            if not data:
-                break
-            pending.pwrite(at, data)
-            at += len(data)
+    def new_data(self) -> PendingData:
+        return self.store.new_data()
 
     def create(self, parent, name: str) -> tuple[FileNode, MetadataWrite]:
-        with self._editing():
+        with self.editing():
             if parent is not self.meta_dir:
                 raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
             if not self.metadata_editable:
@@ -933,9 +497,7 @@ class Editor:
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
-            if not key or "\0" in key:
-                raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
-                                  "name without NUL")
+            self.session.check_key_name(key, name)
             self._canonical(name, key)
             if len(self._scratch) >= MAX_SCRATCH_FILES:
                 raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
@@ -980,9 +542,8 @@ class Editor:
 
     def set_type(self, node, type_name: str) -> None:
         """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
-        with self._editing():
-            if not _valid_type(type_name, self.model_file.format):
-                raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
+        with self.editing():
+            self.session.check_type(type_name)
             scratch = self._scratch.get(node.ino)
             if scratch is not None:
                 scratch.type_name = type_name
@@ -993,49 +554,36 @@ class Editor:
             key = self._key_of.get(node.ino)
             if key is None:
                 raise EditRefused(errno.EPERM, f"{TYPE_XATTR} is set on metadata/ files only")
-            text = node.view.read(0, node.view.size)
-            try:
-                value = parse_text(type_name, text)
-            except TextError as error:
-                raise EditRefused(errno.EINVAL, f"{key}: {error}") from None
-            self._set_key(key, (type_name, value))
+            committed = self.session.retype_key(key, type_name, node.view.read(0, node.view.size))
+            self._shown(committed)
+            self._show_key(key, committed.state.metadata[key])
 
     # -- closing: the edit takes effect (WriteHandle.flush calls these) ---------------------
-    def _flush_metadata(self, handle: MetadataWrite) -> None:
+    def keep_metadata(self, handle: MetadataWrite) -> None:
         if handle.key is None:
-            self._flush_scratch(handle)
+            self._keep_scratch(handle)
             return
-        try:
-            value = parse_text(handle.type_name, bytes(handle.buf))
-        except TextError as error:
-            raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
-                              f"(the key keeps its value)") from None
+        typed = self.session.parsed(handle.key, handle.type_name, bytes(handle.buf),
+                                    "the key keeps its value")
         if handle.node.ino not in self._key_of:
             raise EditRefused(errno.ENOENT, f"metadata/{handle.key}: removed meanwhile")
-        self._set_key(handle.key, (handle.type_name, value))
+        self._set_key(handle.key, typed)
 
-    def _flush_scratch(self, handle: MetadataWrite) -> None:
+    def _keep_scratch(self, handle: MetadataWrite) -> None:
         """A scratch file closed: under a key name it becomes that key (in the type set on
         it, else a string); under a scratch name it stays what it is."""
         scratch = self._scratch.get(handle.node.ino)
         if scratch is None:         # renamed over a key, or removed, while open
             return
         scratch.view.mtime_ns = time.time_ns()
-        if not is_key_name(scratch.name, self.model_file.format):
+        if not is_key_name(scratch.name, self.format):
             return
         key = _unescape(scratch.name)
-        typed = self._parsed(key, scratch.type_name or "string", bytes(scratch.view.data),
-                             "the key is not made")
-        self._commit(self.state.with_metadata(key, typed))
+        typed = self.session.parsed(key, scratch.type_name or "string",
+                                    bytes(scratch.view.data), "the key is not made")
+        self._shown(self.session.set_key(key, typed))
         self._become_key(handle.node, key, typed)
         handle.key, handle.buf, handle.created = key, bytearray(handle.buf), False
-
-    @staticmethod
-    def _parsed(key: str, type_name: str, text: bytes, outcome: str) -> tuple:
-        try:
-            return type_name, parse_text(type_name, text)
-        except TextError as error:
-            raise EditRefused(errno.EINVAL, f"metadata/{key}: {error} ({outcome})") from None
 
     def _become_key(self, node, key: str, typed) -> None:
         """A scratch file's node is now the file of ``key`` (committed already)."""
@@ -1048,7 +596,7 @@ class Editor:
     def _canonical(self, name: str, key: str) -> None:
         """A key name is the one metadata/ shows for its key: another spelling of it
         (``a%2Eb`` for ``a.b``) would make a second file of one key."""
-        if is_key_name(name, self.model_file.format) and metadata_file_name(key) != name:
+        if is_key_name(name, self.format) and metadata_file_name(key) != name:
             raise EditRefused(errno.EINVAL, f"metadata/{name}: the file of key {key!r} is "
                               f"metadata/{metadata_file_name(key)}")
 
@@ -1058,56 +606,31 @@ class Editor:
         while len(self._left_types) > MAX_SCRATCH_FILES:
             del self._left_types[next(iter(self._left_types))]
 
-    def _scratch_bytes(self) -> int:
+    def scratch_bytes(self) -> int:
         return sum(len(s.view.data) for s in self._scratch.values())
 
     def _set_key(self, key: str, typed) -> None:
-        self._commit(self.state.with_metadata(key, typed))
+        self._shown(self.session.set_key(key, typed))
         self._show_key(key, typed)
 
-    def _current_name(self, original: str) -> str | None:
-        edit = self.state.tensors.get(original)
-        return original if edit is None else edit.name
-
-    def _flush_raw(self, handle: RawWrite) -> None:
-        t = self._by_name[handle.tensor]
+    def keep_raw(self, handle: RawWrite) -> None:
         pending = handle.pending
-        if pending.size != t.nbytes:
-            raise EditRefused(errno.EINVAL, f"{t.name}: {pending.size} bytes written, the "
-                              f"tensor holds {t.nbytes} (it keeps its bytes)")
-        name = self._current_name(handle.tensor)
-        if name is None:
-            raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
-        data_name = pending.keep()
-        pending.drop()
+        if pending is None:         # nothing written since the bytes were last kept
+            return
+        committed, data_name = self.session.replace_raw(handle.tensor, pending)
         handle.pending = None           # a later write starts from the bytes kept now
-        self._replace_data(handle, name, data_name)
+        self._shown(committed)
+        self._set_views(handle.node, handle.tensor, data_name)
 
-    def _flush_npy(self, handle: NpyWrite) -> None:
-        import numpy as np
-
-        t = self._by_name[handle.tensor]
-        try:
-            array = np.load(io.BytesIO(bytes(handle.buf)), allow_pickle=False)
-            data = encode_array(t, array)
-        except EditError as error:
-            raise EditRefused(errno.EINVAL, f"{t.name}: {error} (it keeps its bytes)") from None
-        except (ValueError, OSError, EOFError) as error:
-            raise EditRefused(errno.EINVAL, f"{t.name}: not a .npy file of an array: "
-                              f"{error}") from None
-        name = self._current_name(handle.tensor)
-        if name is None:
-            raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
-        self._replace_data(handle, name, self.store.put_data(data))
-
-    def _replace_data(self, handle: RawWrite | NpyWrite, name: str, data_name: str) -> None:
-        self._commit(self.state.with_tensor(handle.tensor, TensorEdit(name, data_name)))
+    def keep_npy(self, handle: NpyWrite) -> None:
+        committed, data_name = self.session.replace_npy(handle.tensor, bytes(handle.buf))
+        self._shown(committed)
         self._set_views(handle.node, handle.tensor, data_name)
 
     def release(self, handle: WriteHandle) -> None:
         """One open of ``handle`` let go; at the last, bytes written since the last close
         are kept (or the refusal logged: no caller is left to tell), and the session ends."""
-        with self._editing():
+        with self.editing():
             handle.opens -= 1
             if handle.opens:
                 return
@@ -1124,7 +647,7 @@ class Editor:
             scratch = self._scratch.get(handle.node.ino)
             if scratch is not None and scratch.handle is handle:
                 scratch.handle = None
-                if is_key_name(scratch.name, self.model_file.format):
+                if is_key_name(scratch.name, self.format):
                     # a new key never closed with a value it reads as: not made
                     del self._scratch[handle.node.ino]
                     if self.meta_dir.children.get(scratch.name) is handle.node:
@@ -1142,7 +665,7 @@ class Editor:
         return None
 
     def unlink(self, parent, name: str) -> None:
-        with self._editing():
+        with self.editing():
             ghost, self._ghost = self._ghost, None
             node = parent.children.get(name)
             if node is None and ghost is not None and ghost[0] is parent and ghost[1] == name:
@@ -1158,7 +681,7 @@ class Editor:
                 return
             key = self._key_of.get(node.ino)
             if key is not None and parent is self.meta_dir:
-                self._commit(self._without_key(self.state, key))
+                self._shown(self.session.delete_key(key))
                 self._leave_type(name, node)
                 self._show_key(key, None)
                 return
@@ -1166,7 +689,7 @@ class Editor:
             if original is None:
                 raise EditRefused(errno.EPERM, f"{name}: only metadata/ files and tensors "
                                   "can be removed")
-            self._commit(self.state.with_tensor(original, TensorEdit(None)))
+            self._shown(self.session.remove_tensor(original))
             sibling = self._sibling(node)
             for n in (node, sibling):
                 for leaf, child in list(parent.children.items()):
@@ -1177,7 +700,7 @@ class Editor:
             self._touch(parent)
 
     def rmdir(self, parent, name: str) -> None:
-        with self._editing():
+        with self.editing():
             node = parent.children.get(name)
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
@@ -1192,7 +715,7 @@ class Editor:
             self._touch(parent)
 
     def rename(self, parent, name: str, new_parent, new_name: str) -> None:
-        with self._editing():
+        with self.editing():
             node = parent.children.get(name)
             if node is None:
                 raise EditRefused(errno.ENOENT, name)
@@ -1206,17 +729,6 @@ class Editor:
                 self._rename_tensor(node, parent, new_parent, new_name)
             self._touch(parent, new_parent)
 
-    def _key_typed(self, key: str) -> tuple:
-        typed = self.state.metadata.get(key)
-        if typed is None:
-            value = self.model_file.metadata[key]
-            typed = (value.type_name, value.value())
-        return typed
-
-    def _without_key(self, state: EditState, key: str) -> EditState:
-        return state.with_metadata(key, None) if key in self.model_file.metadata \
-            else state.without_metadata(key)
-
     def _rename_key(self, node, name: str, new_name: str) -> None:
         """``mv`` inside metadata/ (docs/editing.md): onto a key, the moved file's text is
         that key's new value, read in that key's type (sed -i, perl -pi, an atomic
@@ -1224,7 +736,7 @@ class Editor:
         a key name becomes that key; a key to a scratch name (vim's backup) leaves the model
         and is a scratch file holding its text, and the type goes to a file made again
         under the key's name."""
-        fmt = self.model_file.format
+        fmt = self.format
         if new_name == name:
             return
         children = self.meta_dir.children
@@ -1233,29 +745,25 @@ class Editor:
         if key is None and scratch is None:
             raise EditRefused(errno.EPERM, f"metadata/{name}: not a key nor a new file")
         new_key = _unescape(new_name)
-        if not new_key or "\0" in new_key:
-            raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
-                              "without NUL")
+        self.session.check_key_name(new_key, new_name)
         self._canonical(new_name, new_key)
         target = children.get(new_name)
         target_key = self._key_of.get(target.ino) if target is not None else None
         text = bytes(scratch.view.data) if scratch is not None else node.view.read(0, node.view.size)
-        state = self.state if key is None else self._without_key(self.state, key)
         if target_key is not None:
             # a replace: the key keeps its type
-            typed = self._parsed(target_key, target.xattrs[TYPE_XATTR].decode(), text,
+            typed = self.session.parsed(target_key, target.xattrs[TYPE_XATTR].decode(), text,
                                  "the key keeps its value")
             new_key = target_key
         elif is_key_name(new_name, fmt):
-            typed = self._key_typed(key) if key is not None else self._parsed(
+            typed = self.session.key_typed(key) if key is not None else self.session.parsed(
                 new_key, (scratch.type_name if scratch is not None else None) or "string", text,
                 "the key is not made")
         else:
             typed = None                    # a scratch file afterwards
-        if typed is not None:
-            state = state.with_metadata(new_key, typed)
-        if state is not self.state:
-            self._commit(state)
+        committed = self.session.move_key(key, new_key, typed)
+        if committed is not None:
+            self._shown(committed)
         # the tree: the moved node is now at new_name, whatever was there goes
         if target is not None:
             self._key_of.pop(target.ino, None)
@@ -1304,21 +812,14 @@ class Editor:
                     pending.append((child, f"{path}/{leaf}"))
                 elif self._original(child) is not None:
                     files.append(child)
-        current = {self._current_name(t.name) for t in self.model.tensors}
-        state = self.state
+        mapping = {}
         for original in {self._original(f) for f in files}:
-            name_now = self._current_name(original)
+            assert original is not None
+            name_now = self.session.current_name(original)
             if name_now is None or not name_now.startswith(old_prefix + "."):
                 raise EditRefused(errno.EPERM, f"{name_now!r} is not named after {old_path}")
-            renamed = new_prefix + name_now[len(old_prefix):]
-            if renamed in current:
-                raise EditRefused(errno.EEXIST, f"tensor {renamed!r} exists already")
-            edit = state.tensors.get(original)
-            data = edit.data if edit is not None else None
-            state = state.with_tensor(original, TensorEdit(renamed, data)
-                                      if renamed != original or data else None)
-        self._try(state)
-        self._commit(state)
+            mapping[original] = new_prefix + name_now[len(old_prefix):]
+        self._shown(self.session.commit(self.session.renamed(mapping)))
         del parent.children[name]
         new_parent.children[new_name] = node
         for directory, path in dirs:
@@ -1349,14 +850,7 @@ class Editor:
             if directory:
                 raise EditRefused(errno.EPERM, "the flat layout has no directories")
             new_tensor = _unescape(leaf)
-        current = {(self._current_name(t.name)) for t in self.model.tensors}
-        if new_tensor in current:
-            raise EditRefused(errno.EEXIST, f"tensor {new_tensor!r} exists already")
-        edit = self.state.tensors.get(original)
-        data = edit.data if edit is not None else None
-        state = self.state.with_tensor(original, TensorEdit(new_tensor, data)
-                                       if new_tensor != original or data else None)
-        self._try(state)
+        state = self.session.renamed({original: new_tensor})
         nodes = [n for n in (node, self._sibling(node)) if n is not None]
         removed = []
         for n in nodes:
@@ -1370,7 +864,7 @@ class Editor:
             for leaf_name, n in removed:
                 parent.children[leaf_name] = n
             raise
-        self._commit(state)
+        self._shown(self.session.commit(state))
 
 
 class ComposedView(View):
@@ -1381,19 +875,19 @@ class ComposedView(View):
     cheap_size = True
     mtime_ns: int | None
 
-    def __init__(self, editor: Editor, path: str, state: EditState,
+    def __init__(self, session: EditSession, path: str, state: EditState, mtime_ns: int,
                  composed: ComposedFile | None = None):
-        self.editor = editor
+        self.session = session
         self.path = path
         self.state = state
         self._file = composed
-        self.mtime_ns = editor.mtime_ns
+        self.mtime_ns = mtime_ns
 
     def file(self) -> ComposedFile:
         found = self._file
         if found is None:
-            with self.editor.lock:
-                found = self._file = self.editor.composed(self.path, self.state)
+            with self.session.lock:
+                found = self._file = self.session.composed(self.path, self.state)
         return found
 
     @property
@@ -1426,16 +920,16 @@ class IndexView(View):
     cheap_size = True
     mtime_ns: int | None
 
-    def __init__(self, editor: Editor, state: EditState):
-        self.editor = editor
+    def __init__(self, session: EditSession, state: EditState, mtime_ns: int):
+        self.session = session
         self.state = state
         self._data: bytes | None = None
-        self.mtime_ns = editor.mtime_ns
+        self.mtime_ns = mtime_ns
 
     def _bytes(self) -> bytes:
         data = self._data
         if data is None:
-            data = self._data = self.editor.index_bytes(self.state)
+            data = self._data = self.session.index_bytes(self.state)
         return data
 
     @property
@@ -1447,14 +941,3 @@ class IndexView(View):
 
     def read(self, offset: int, size: int) -> bytes:
         return self._bytes()[offset:offset + size]
-
-
-def text_of(value) -> bytes:
-    """A value's text as its metadata/ file shows it."""
-    if is_array(value):
-        return render_lines(value.value(), value.type_name)
-    return scalar_text(value.value())
-
-
-__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "MetadataWrite", "NpyWrite",
-           "OpenFile", "RawWrite", "ReadHandle", "WriteHandle", "edited_tensors"]

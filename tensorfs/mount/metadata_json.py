@@ -26,6 +26,7 @@ import re
 from typing import Iterator
 
 from tensorfs.convert.plan import ViewPlan
+from tensorfs.formats.metadata_text import compact_json, fix_nonfinite
 from tensorfs.model import Model
 from tensorfs.sources.urls import is_url
 
@@ -35,8 +36,6 @@ _LIST_RUN = 4096                # scalars of a list encoded by one json.dumps ca
 _SCALAR_TYPES = frozenset((str, int, float, bool, type(None)))
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_NONFINITE = re.compile(r'"(?:[^"\\]|\\.)*"|(-?Infinity|NaN)', re.S)
-_NONFINITE_TEXT = {"NaN": '"nan"', "Infinity": '"inf"', "-Infinity": '"-inf"'}
 
 
 class _LazyObject:
@@ -148,7 +147,7 @@ def _scalar(value) -> str:
         return '"nan"' if math.isnan(value) else ('"inf"' if value > 0 else '"-inf"')
     if value is True or value is False or value is None:
         return _CONSTANTS[value]
-    return _fix_nonfinite(json.dumps(value, ensure_ascii=False))
+    return fix_nonfinite(json.dumps(value, ensure_ascii=False))
 
 
 def _is_scalar(value) -> bool:
@@ -174,29 +173,6 @@ def _flat_text(value: dict, level: int) -> str | None:
     if not parts:
         return "{}"
     return "{" + inner + ("," + inner).join(parts) + "\n" + "  " * (level - 1) + "}"
-
-
-def _compact(value, ensure_ascii: bool = False) -> str:
-    """A whole value on one line (deeply nested index metadata): json.dumps at C speed, its
-    bare NaN / Infinity tokens (outside strings) then turned into strings."""
-    return _fix_nonfinite(json.dumps(value, ensure_ascii=ensure_ascii))
-
-
-def json_line(value) -> str:
-    """``value`` as one line of strict JSON that encodes to UTF-8 (metadata/ files)."""
-    text = _compact(value)
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return _compact(value, ensure_ascii=True)
-
-
-def _fix_nonfinite(text: str) -> str:
-    if "NaN" not in text and "Infinity" not in text:
-        return text
-    return _NONFINITE.sub(lambda m: _NONFINITE_TEXT[m.group(1)] if m.group(1) else m.group(0),
-                          text)
 
 
 def _encode(text: str) -> bytes:
@@ -239,7 +215,7 @@ def _walk(value, level: int):
     if isinstance(value, (dict, _LazyObject)):
         items = value.items() if isinstance(value, dict) else value.items()
         if level > MAX_INDENTED_LEVEL:
-            yield _compact(dict(items) if isinstance(value, _LazyObject) else value)
+            yield compact_json(dict(items) if isinstance(value, _LazyObject) else value)
             return
         if type(value) is dict:
             text = _flat_text(value, level)
@@ -261,7 +237,7 @@ def _walk(value, level: int):
         yield "{}" if first else "\n" + "  " * (level - 1) + "}"
     elif isinstance(value, (list, tuple)):
         if level > MAX_INDENTED_LEVEL:
-            yield _compact(value)
+            yield compact_json(value)
             return
         if not value:
             yield "[]"
@@ -274,7 +250,7 @@ def _walk(value, level: int):
                 text = json.dumps(value[start:start + _LIST_RUN], ensure_ascii=False,
                                   separators=("," + inner, ": "))
                 if float in types:
-                    text = _fix_nonfinite(text)
+                    text = fix_nonfinite(text)
                 yield ("[" if start == 0 else ",") + inner + text[1:-1]
         else:
             for i, item in enumerate(value):
