@@ -1,4 +1,4 @@
-"""tensorfs: mount safetensors and GGUF model files as a read-only tree of tensors.
+"""tensorfs: mount safetensors, GGUF and PyTorch model files as a tree of tensors (editable with --edits).
 
 The library API (``tensorfs.open``, ``tensorfs.ModelError``: docs/api.md) is imported on
 first use: the command line imports this package, and must not pay for numpy and the

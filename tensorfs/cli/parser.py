@@ -155,7 +155,7 @@ TOP_DEBUG_HELP = DEBUG_HELP + " (with mount: also log every FUSE error)"
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tensorfs",
-                     description="Mount a safetensors or GGUF model file as a tree of tensors.")
+                     description="Mount a safetensors, GGUF or PyTorch model file as a tree of tensors.")
     parser.add_argument("--version", action="version", version=f"tensorfs {__version__}")
     parser.add_argument("--debug", action="store_true", help=TOP_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
