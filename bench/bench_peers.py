@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from tests.servers import Nginx  # noqa: E402 - after the path is set
+from tests.support.servers import Nginx  # noqa: E402 - after the path is set
 
 MiB = 1 << 20
 NAME = "model.safetensors"
