@@ -718,9 +718,11 @@ def cmd_mount(args) -> int:
     if "://" in args.model and not in_daemon:
         start_early(args.model)
     # the daemon's FUSE modules and libfuse, loaded while the model is read (joined before
-    # the fork: no thread may be importing then)
+    # the fork: no thread may be importing then); where the daemon reads the model, loaded
+    # there instead, while its first request is on the wire: the fork comes first
     fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
-    fuse_loaded.start()
+    if not in_daemon:
+        fuse_loaded.start()
     from tensorfs.budget import MemoryBudget
 
     mountpoint = check_mountpoint(args.mountpoint, args.model)
@@ -738,7 +740,8 @@ def cmd_mount(args) -> int:
             loaded = _load(args, budget, settings)
             info = _mount_info(loaded[0])
     except BaseException:
-        fuse_loaded.join()
+        if not in_daemon:
+            fuse_loaded.join()
         if log_fd is not None:
             os.close(log_fd)
             if default_log:
@@ -747,14 +750,19 @@ def cmd_mount(args) -> int:
 
     def prepare():                      # in the daemon: the model read there
         nonlocal loaded
-        loaded = _load(args, budget, settings, in_daemon=True)
+        fuse_loaded.start()
+        try:
+            loaded = _load(args, budget, settings, in_daemon=True)
+        finally:
+            fuse_loaded.join()
         info.update(_mount_info(loaded[0]))
 
     def serve(on_ready):
         _, mounted, st, options, editor = loaded
         _serve(mounted, mountpoint, st, options, on_ready, editor)
 
-    fuse_loaded.join()
+    if not in_daemon:
+        fuse_loaded.join()
 
     if args.foreground:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,
