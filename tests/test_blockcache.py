@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -293,52 +291,6 @@ def test_in_a_mount_served_blocks_leave_memory_and_a_held_block_never_changes(se
         # served in full: no longer in memory (the kernel's page cache has them)
         inner = range(big.offset // block + 1, (big.offset + big.nbytes) // block)
         assert all(source.blocks.memory.lookup((source.blocks.key, i)) is None for i in inner)
-    finally:
-        model.close()
-
-
-def test_pooled_blocks_under_concurrent_readers_hold_the_files_bytes(server, tmp_path):
-    """Blocks are received into reused buffers (``BlockPool``).  Sixteen readers at once,
-    half of them holding views of the blocks (what a mount replies from) while the others
-    make blocks come and go through a cache of four blocks: every byte is the file's, and
-    buffers are taken again rather than made for each block."""
-    from tensorfs.cache import ByteLRU
-
-    nginx, local = server
-    model, source, tensors = _open(nginx, tmp_path, cache=ByteLRU(16 * MiB))
-    data = local.read_bytes()
-    try:
-        source.start()                          # what the mounted daemon does
-        source.blocks.exact_reads = False       # whole blocks: each in a buffer of the pool
-        pool = source.blocks.pool
-        made, taken = pool.made, pool.taken
-        wrong: list = []
-
-        def reader(i):
-            rng = random.Random(i)
-            try:
-                for _ in range(10):
-                    at = rng.randrange(0, len(data) - 1)
-                    n = rng.randrange(1, min(3 * MiB, len(data) - at) + 1)
-                    if i % 2:
-                        views = source.read_views(at, n)
-                        time.sleep(0.005)       # held while the others fetch and let go
-                        got = b"".join(bytes(view) for view in views)
-                        del views
-                    else:
-                        got = source.read(at, n)
-                    if got != data[at:at + n]:
-                        wrong.append((i, at, n))
-            except Exception as error:          # any exception: reported below
-                wrong.append(error)
-
-        threads = [threading.Thread(target=reader, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert wrong == []
-        assert pool.taken - taken > pool.made - made, (pool.taken - taken, pool.made - made)
     finally:
         model.close()
 

@@ -718,11 +718,9 @@ def cmd_mount(args) -> int:
     if "://" in args.model and not in_daemon:
         start_early(args.model)
     # the daemon's FUSE modules and libfuse, loaded while the model is read (joined before
-    # the fork: no thread may be importing then); where the daemon reads the model, loaded
-    # there instead, while its first request is on the wire: the fork comes first
+    # the fork: no thread may be importing then)
     fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
-    if not in_daemon:
-        fuse_loaded.start()
+    fuse_loaded.start()
     from tensorfs.budget import MemoryBudget
 
     mountpoint = check_mountpoint(args.mountpoint, args.model)
@@ -740,8 +738,7 @@ def cmd_mount(args) -> int:
             loaded = _load(args, budget, settings)
             info = _mount_info(loaded[0])
     except BaseException:
-        if not in_daemon:
-            fuse_loaded.join()
+        fuse_loaded.join()
         if log_fd is not None:
             os.close(log_fd)
             if default_log:
@@ -750,19 +747,14 @@ def cmd_mount(args) -> int:
 
     def prepare():                      # in the daemon: the model read there
         nonlocal loaded
-        fuse_loaded.start()
-        try:
-            loaded = _load(args, budget, settings, in_daemon=True)
-        finally:
-            fuse_loaded.join()
+        loaded = _load(args, budget, settings, in_daemon=True)
         info.update(_mount_info(loaded[0]))
 
     def serve(on_ready):
         _, mounted, st, options, editor = loaded
         _serve(mounted, mountpoint, st, options, on_ready, editor)
 
-    if not in_daemon:
-        fuse_loaded.join()
+    fuse_loaded.join()
 
     if args.foreground:
         daemon.run_foreground(serve, mountpoint, info=info, log_path=args.log, log_fd=log_fd,

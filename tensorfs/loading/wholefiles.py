@@ -459,15 +459,6 @@ class WholeFileView(View):
                 return source.read_into(offset, buf[:size], span=(0, total))    # not one tensor
             return source.read_into(offset, buf[:size])
 
-    def read_views(self, offset: int, size: int) -> list | None:
-        source = self._source
-        if source is None or source.blocks is None:     # a companion, a local file
-            return None
-        total = source.size
-        if offset >= total or size <= 0:
-            return []
-        return source.read_views(offset, min(size, total - offset), span=(0, total))
-
     def read(self, offset: int, size: int) -> bytes:
         total = self.size
         if offset >= total or size <= 0:

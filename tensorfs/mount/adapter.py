@@ -169,9 +169,6 @@ class TensorFS(Operations):
     def read_fd(self, ino: int, offset: int, size: int):
         return self._file_view(ino).read_fd(offset, size) if FD_REPLIES else None
 
-    def read_views(self, ino: int, offset: int, size: int):
-        return self._file_view(ino).read_views(offset, size)
-
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         node = self._node(ino)
         if isinstance(node, DirNode):

@@ -176,10 +176,6 @@ class FuseBuf(ctypes.Structure):
                 ("mem_size", ctypes.c_size_t)]                     # 3.17 on
 
 
-class Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
 class FuseBufvec(ctypes.Structure):
     """struct fuse_bufvec with one buffer (``buf[1]`` in C)."""
     _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
@@ -293,7 +289,6 @@ def _load():
     fn("fuse_reply_buf", ctypes.c_int, P, P, sz)
     fn("fuse_reply_open", ctypes.c_int, P, ctypes.POINTER(FileInfo))
     fn("fuse_reply_data", ctypes.c_int, P, ctypes.POINTER(FuseBufvec), ctypes.c_int)
-    fn("fuse_reply_iov", ctypes.c_int, P, ctypes.POINTER(Iovec), ctypes.c_int)
     if hasattr(lib, "fuse_passthrough_open"):            # 3.17 on
         fn("fuse_passthrough_open", ctypes.c_int, P, ctypes.c_int)
     if hasattr(lib, "fuse_set_feature_flag"):            # 3.17.3 on (an inline before)
@@ -661,10 +656,6 @@ class Session:
             # of the descriptor with its errno itself
             self.lib.fuse_reply_data(req, vec, 0)
             return
-        views = self.fs.read_views(ino, offset, size)
-        if views is not None:
-            self._reply_views(req, views)
-            return
         buf = self._take_buffer(size)
         try:
             n = self.fs.read_into(ino, offset, memoryview(buf).cast("B")[:size])
@@ -673,33 +664,6 @@ class Session:
             with self._buffers_lock:
                 if len(self._buffers) < 8:
                     self._buffers.append(buf)
-
-    def _reply_views(self, req, views: list) -> None:
-        """Reply with the bytes of ``views`` where they lie (``fuse_reply_iov``: libfuse
-        writes them to /dev/fuse from there, nothing copied in Python); views of read-only
-        memory are copied into a buffer first.  The views, and so the buffers under them,
-        live until the reply is written."""
-        views = [view for view in views if len(view)]
-        iov = (Iovec * max(1, len(views)))()
-        anchors = []
-        try:
-            for i, view in enumerate(views):
-                anchors.append(ctypes.c_char.from_buffer(view))
-                iov[i].iov_base, iov[i].iov_len = ctypes.addressof(anchors[-1]), len(view)
-        except TypeError:                       # read-only: copied
-            anchors.clear()
-            total = sum(len(view) for view in views)
-            buf = self._take_buffer(total)
-            out, pos = memoryview(buf).cast("B"), 0
-            for view in views:
-                out[pos:pos + len(view)] = view
-                pos += len(view)
-            self.lib.fuse_reply_buf(req, buf, pos)
-            with self._buffers_lock:
-                if len(self._buffers) < 8:
-                    self._buffers.append(buf)
-            return
-        self.lib.fuse_reply_iov(req, iov, len(views))
 
     def _readdir(self, req, ino, size, offset, fi, plus=False):
         if not plus:                            # only if READDIRPLUS_AUTO stayed on

@@ -51,12 +51,6 @@ class Operations:
         Python; None: the read goes to ``read_into``."""
         return None
 
-    def read_views(self, ino: int, offset: int, size: int) -> list | None:
-        """The bytes of ``ino`` at ``offset`` (at most ``size``) as views of buffers the
-        filesystem holds, for a reply sent straight from them (no copy through Python);
-        None: the read goes to ``read_into``."""
-        return None
-
     def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
         """Copy the bytes of ``ino`` at ``offset`` into ``buf`` (FUSE_READ): how many; fewer
         than ``len(buf)`` only at the end of the file."""

@@ -27,24 +27,19 @@ block cache for tensors adds to a plain LRU of blocks:
 
 The fetch function (``tensorfs.sources.remote.RemoteSource``) does the retries, the timeout and the
 version check; this module only decides which ranges to ask for and who waits for what.
-It owns the blocks: with a ``fetch_into`` function (a mount's remote files) each block is a
-buffer of the mount's ``BlockPool``, received into straight from the transport and given
-back to the pool when the cache and every reader have let it go; without one, each is what
-the fetch function returned (``bytes``, or the transport library's own buffer), the blocks
-of a merged request views of its one answer.  Either way a block is lent out as views,
-never copied again.
+It owns the blocks: each is what the fetch function returned (``bytes``, or the transport
+library's own buffer), kept as it is and lent out as views, never copied again; the blocks
+of a merged request are views of its one answer.
 """
 
 from __future__ import annotations
 
 import bisect
-import ctypes
 import functools
 import logging
 import os
 import threading
 import time
-import weakref
 from collections import OrderedDict, deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -128,56 +123,6 @@ class Fetcher:
 
 _default_fetcher = Fetcher()
 
-
-class BlockPool:
-    """Buffers of one block size, reused: a block fetched is received into a buffer taken
-    here, and the buffer comes back when the block is gone (the memory cache let it go and
-    no reader holds a view of it), for the next block.  Each buffer's pages are faulted in
-    and zeroed once, when it is made, instead of for every block (a fresh 4 MiB answer per
-    block was a quarter of the daemon's CPU: docs/benchmarks.md, "The copy limit").  At most
-    ``keep`` free buffers are kept; more are let go to the allocator."""
-
-    def __init__(self, block_size: int, keep: int = IN_FLIGHT):
-        self.block = block_size
-        self.keep = keep
-        self._free: deque = deque()      # append/pop are atomic: no lock in the finalizer
-        # a Python subclass of the ctypes array: an object a weak reference can watch, and
-        # whose every view keeps it alive
-        self._type = type("PooledBlock", (ctypes.c_char * block_size,), {})
-        self.made = 0                   # buffers made, and blocks taken (tests, bench)
-        self.taken = 0
-
-    def take(self, length: int) -> memoryview:
-        """A writable buffer of ``length`` bytes (at most a block) to receive a block into."""
-        try:
-            region = self._free.pop()
-        except IndexError:
-            region = bytearray(self.block)
-            self.made += 1
-        self.taken += 1
-        block = self._type.from_buffer(region)
-        weakref.finalize(block, self._give_back, region)
-        with memoryview(block) as view:
-            return view.cast("B")[:length]
-
-    def _give_back(self, region: bytearray) -> None:
-        if len(self._free) < self.keep:
-            self._free.append(region)
-
-    def free(self) -> int:
-        return len(self._free)
-
-
-_pools: dict[int, BlockPool] = {}
-
-
-def pool_for(block_size: int) -> BlockPool:
-    """The process's pool of blocks of ``block_size`` bytes."""
-    pool = _pools.get(block_size)
-    if pool is None:
-        pool = _pools.setdefault(block_size, BlockPool(block_size))
-    return pool
-
 # glibc's mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _allocator_tuned = False
@@ -208,20 +153,15 @@ def reuse_freed_blocks() -> None:
 
 class BlockReader:
     """The blocks of one remote file.  ``fetch(start, end, deadline) -> bytes`` gets
-    ``[start, end)`` (exactly) or raises; ``fetch_into(start, end, deadline, buffers)``, if
-    given, writes those bytes across ``buffers`` instead: whole blocks are then received
-    into the pool's buffers (``BlockPool``)."""
+    ``[start, end)`` (exactly) or raises."""
 
     def __init__(self, key: tuple, size: int, fetch: Callable[[int, int, float], bytes],
                  memory, disk: "DiskCache | None" = None, disk_key: str | None = None,
-                 block_size: int = BLOCK_SIZE, fetcher: Fetcher | None = None,
-                 fetch_into: Callable[[int, int, float, list], None] | None = None):
+                 block_size: int = BLOCK_SIZE, fetcher: Fetcher | None = None):
         self.key = key
         self.fetcher = fetcher or _default_fetcher
         self.size = size
         self.fetch = fetch
-        self.fetch_into = fetch_into
-        self.pool = pool_for(block_size) if fetch_into is not None else None
         self.memory = memory            # tensorfs.cache.ByteLRU: lookup / put
         self.disk = disk if disk_key else None
         self.disk_key = disk_key
@@ -258,47 +198,27 @@ class BlockReader:
         size = len(buf)
         if size <= 0:
             return 0
-        return self._read(offset, size, deadline, span, buf)
-
-    def read_views(self, offset: int, size: int, deadline: float,
-                   span: tuple[int, int] | None = None) -> list:
-        """The bytes ``read_into`` would copy, as views of the blocks that hold them (a reply
-        sent from them, tensorfs.mount.fuse3): a block let go meanwhile stays alive, and
-        out of the pool, while a view of it does.  A random reader's exact read comes in
-        a buffer of its own."""
-        if size <= 0:
-            return []
-        views: list = []
-        self._read(offset, size, deadline, span, None, views)
-        return views
-
-    def _read(self, offset: int, size: int, deadline: float, span, buf, views=None) -> int:
         first, last = offset // self.block, (offset + size - 1) // self.block
         # before waiting: all in flight at once
         exact = self._read_ahead(offset, offset + size, first, last, span)
         lo, hi = self._small_tensor(offset, first, last, span)
         if self.exact_reads:
+            if exact and size < self.block and (lo, hi) == (first, last):
+                return self._read_exact(offset, buf, deadline)
             with self._lock:
-                held = exact and size < self.block and (lo, hi) == (first, last) \
-                    or self._has_pieces(lo, hi)
-            if held:            # a random reader's, or blocks partly held as pieces
-                if buf is None:
-                    buf = bytearray(size)
-                    views.append(memoryview(buf))
+                held = self._has_pieces(lo, hi)
+            if held:                    # blocks partly held as pieces: the rest as pieces
                 return self._read_exact(offset, buf, deadline)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
-        out = memoryview(buf) if buf is not None else None
+        out = memoryview(buf)
         pos = 0
         done = []
         for index in range(first, last + 1):
             data = blocks[index]
             start = offset + pos - index * self.block
             n = min(len(data) - start, size - pos)
-            if out is None:
-                views.append(memoryview(data)[start:start + n])
-            else:
-                with memoryview(data) as view:
-                    out[pos:pos + n] = view[start:start + n]
+            with memoryview(data) as view:
+                out[pos:pos + n] = view[start:start + n]
             pos += n
             if self.page_cached and self._served_all(index, n):
                 done.append(index)
@@ -528,14 +448,9 @@ class BlockReader:
     def _from_disk(self, index: int) -> bool:
         if self.disk is None:
             return False
-        if self.pool is not None:       # read into a buffer of the pool, replied from there
-            data = self.pool.take(self._block_len(index))
-            if not self.disk.get_into(self.disk_key, index, data):
-                return False
-        else:
-            data = self.disk.get(self.disk_key, index, self._block_len(index))
-            if data is None:
-                return False
+        data = self.disk.get(self.disk_key, index, self._block_len(index))
+        if data is None:
+            return False
         self._resolve(index, data, keep_on_disk=False)
         return True
 
@@ -545,25 +460,16 @@ class BlockReader:
         try:
             if self.closed:
                 raise OSError("the mount is closing")
-            if self.pool is not None:   # each block into a buffer of the pool
-                blocks = [self.pool.take(self._block_len(index)) for index in run]
-                self.fetch_into(start, end, deadline, blocks)
-                data = None
-            else:
-                data = self.fetch(start, end, deadline)
+            data = self.fetch(start, end, deadline)
             with self._lock:
                 self.requests += 1
-                self.fetched_bytes += end - start
+                self.fetched_bytes += len(data)
         except BaseException as error:
             with self._lock:
                 futures = [self._pending.pop(i) for i in run if i in self._pending]
             for future in futures:
                 if not future.done():
                     future.set_exception(error)
-            return
-        if data is None:
-            for index, block in zip(run, blocks):
-                self._resolve(index, block, keep_on_disk=True)
             return
         if len(run) == 1:               # the answer is the block
             self._resolve(run[0], data, keep_on_disk=True)

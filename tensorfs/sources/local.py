@@ -198,12 +198,6 @@ class Source(ABC):
         self.read_into(offset, buf)
         return bytes(buf)
 
-    def read_views(self, offset: int, size: int, span: tuple[int, int] | None = None):
-        """The same bytes as views of buffers the source holds anyway (a remote file's
-        blocks), in order, for a reply sent from them without a copy; None where it holds
-        none (a local file: ``local_fd``)."""
-        return None
-
     @abstractmethod
     def stat(self):
         """Owner, size and mtime to show on the mount's files (an ``os.stat_result`` or an

@@ -197,7 +197,7 @@ class RemoteSource(Source):
         disk_key = disk.key(identity, self.version, block, label=path) if identity else None
         cache = cache if cache is not None else settings.cache
         self.blocks = BlockReader(key, self.size, self._fetch, cache, disk, disk_key,
-                                  block_size=block, fetcher=fetcher, fetch_into=self._fetch_into)
+                                  block_size=block, fetcher=fetcher)
 
     # -- the source interface ----------------------------------------------------------------
     def stat(self):
@@ -244,27 +244,12 @@ class RemoteSource(Source):
         size = len(buf)
         if size <= 0:
             return 0
-        return self._read(offset, size, span, buf)
-
-    def read_views(self, offset: int, size: int, span: tuple[int, int] | None = None) -> list:
-        """The bytes as views of the blocks holding them (BlockReader.read_views)."""
-        if size <= 0:
-            return []
-        views: list = []
-        self._read(offset, size, span, None, views)
-        return views
-
-    def _read(self, offset: int, size: int, span, buf, views=None) -> int:
         if offset < 0 or offset + size > self.size:
             raise SourceError(errno.EIO, f"{self.path}: read of {size} bytes at {offset} past "
                               f"the end ({self.size} bytes)")
         if self.broken is not None:
             raise _logged(SourceError(errno.EIO, f"{self.path}: {self.broken}"))
         end = offset + size
-        if end <= len(self._head) or self._parsing and offset <= len(self._head):
-            if buf is None:
-                buf = bytearray(size)
-                views.append(memoryview(buf))
         if end <= len(self._head):
             buf[:] = memoryview(self._head)[offset:end]
             return size
@@ -275,9 +260,6 @@ class RemoteSource(Source):
                 more = self._fetch(len(self._head), end, deadline)
                 self._head += more
                 buf[:] = memoryview(self._head)[offset:end]
-                return size
-            if buf is None:
-                views.extend(self.blocks.read_views(offset, size, deadline, span=span))
                 return size
             return self.blocks.read_into(offset, buf, deadline, span=span)
         except FetchError as error:
@@ -316,12 +298,6 @@ class RemoteSource(Source):
             raise FetchError("version", self.broken)
         return self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
                                                                 self.version, timeout), deadline)
-
-    def _fetch_into(self, start: int, end: int, deadline: float, into: list) -> None:
-        if self.broken is not None:
-            raise FetchError("version", self.broken)
-        self._retry(lambda timeout: self.transport.fetch_into(self.path, start, end, self.version,
-                                                              timeout, into), deadline)
 
     def _retry(self, attempt, deadline: float):
         """``attempt(timeout)``, again after a transient fault (connection, timeout, 5xx,

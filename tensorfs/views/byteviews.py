@@ -88,12 +88,6 @@ class View(ABC):
         where they are not in a local file."""
         return None
 
-    def read_views(self, offset: int, size: int) -> list | None:
-        """The bytes at ``offset`` (at most ``size``, fewer past the end) as views of
-        buffers the source holds anyway (a remote file's blocks), for a reply sent from
-        them without a copy; None where the bytes are made or copied for the read."""
-        return None
-
 
 class RawView(View):
     """A byte range of a source, served as stored."""
@@ -113,10 +107,6 @@ class RawView(View):
         offset, size = _clip(offset, len(buf), self.size)
         return self.source.read_into(self.offset + offset, buf[:size],
                                      span=self._span) if size else 0
-
-    def read_views(self, offset: int, size: int) -> list | None:
-        offset, size = _clip(offset, size, self.size)
-        return self.source.read_views(self.offset + offset, size, span=self._span)
 
     def open(self) -> None:
         """A file changed since the mount is refused at open (EIO), as at a read."""

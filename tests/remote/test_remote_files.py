@@ -87,10 +87,9 @@ def test_a_block_is_fetched_once_for_the_tensor_and_the_whole_file(order, nginx,
 @pytest.mark.parametrize("blocks", ["fetched", "from_disk_cache"])
 def test_many_concurrent_readers_of_a_mount_get_the_files_bytes(blocks, nginx, rmount, tmp_path,
                                                                remote_env):
-    """Blocks are received (or read from --disk-cache) into reused buffers and replied from
-    where they lie: sixteen readers at once, of the whole file and of its tensors' files,
-    through a cache of four blocks (blocks come and go, their buffers taken again under the
-    readers), each read compared with the file's bytes."""
+    """Sixteen readers at once, of the whole file and of its tensors' files, through a cache
+    of four blocks fetched (or read from --disk-cache): blocks are shared by the readers,
+    pushed out and fetched again under them, and every read is the file's bytes."""
     import random
     import subprocess
     import threading

@@ -74,17 +74,6 @@ def exact(data, start: int, end: int):
     return data
 
 
-def copy_into(data, into: list) -> None:
-    """Copy ``data`` (exactly as long as the buffers together) across the writable buffers
-    ``into``, in order."""
-    with memoryview(data) as view:
-        pos = 0
-        for buf in into:
-            n = len(buf)
-            buf[:n] = view[pos:pos + n]
-            pos += n
-
-
 def missing_extra(module: str, url: str) -> ModelError:
     return ModelError("remote_extra", f"reading a URL needs the optional packages of {EXTRA} "
                       f"(missing: {module}): in a tensorfs checkout, pip install -e '.[remote]' "
@@ -173,14 +162,6 @@ class Transport:
         """Exactly the bytes ``[start, end)`` of ``path`` at ``version``: ``bytes`` or the
         library's own buffer (anything with the buffer protocol), never copied again here."""
         raise NotImplementedError
-
-    def fetch_into(self, path: str, start: int, end: int, version: str | None, timeout: float,
-                   into: list) -> None:
-        """``fetch``, its bytes written across the writable buffers ``into`` (as long as
-        ``[start, end)`` together, in order): a transport that can receives the body
-        straight into them (``tensorfs.sources.blockcache``'s pooled blocks); this one copies
-        ``fetch``'s answer."""
-        copy_into(self.fetch(path, start, end, version, timeout), into)
 
     def kind(self, path: str) -> str | None:
         raise NotImplementedError

@@ -159,16 +159,9 @@ class CloudTransport(Transport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        return self._get(path, start, end, timeout, None)
-
-    def fetch_into(self, path, start, end, version, timeout, into):
-        if end > start:
-            self._get(path, start, end, timeout, into)
-
-    def _get(self, path, start, end, timeout, into):
         bucket, key = self._bucket_key(path)
         etag = self._etags.get(path)
-        body, meta = get_exact(self._store(bucket), key, start, end, timeout=timeout, into=into,
+        body, meta = get_exact(self._store(bucket), key, start, end, timeout=timeout,
                                if_match=etag, version=self._versions.get(path),
                                where=self._where())
         if etag and meta.get("e_tag") not in (None, etag):

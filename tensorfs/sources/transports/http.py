@@ -132,16 +132,9 @@ class HttpTransport(Transport):
     def fetch(self, path, start, end, version, timeout):
         if end <= start:
             return b""
-        return self._get(path, start, end, version, timeout, None)
-
-    def fetch_into(self, path, start, end, version, timeout, into):
-        if end > start:
-            self._get(path, start, end, version, timeout, into)
-
-    def _get(self, path, start, end, version, timeout, into):
         etag = version if self.etag_checked else None
         store, relative = self._store(path)
-        body, meta = get_exact(store, relative, start, end, timeout=timeout, into=into,
+        body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
                                hint_401=self.hint_401, where=self._where(path))
         if etag and meta.get("e_tag") != etag:

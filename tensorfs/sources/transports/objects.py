@@ -33,13 +33,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tensorfs.sources.transports.base import (
-    FetchError,
-    copy_into,
-    exact,
-    missing_extra,
-    status_error,
-)
+from tensorfs.sources.transports.base import FetchError, exact, missing_extra, status_error
 
 
 def obstore(url: str):
@@ -295,18 +289,12 @@ def _check_spec(spec: tuple) -> None:
     _store(spec)
 
 
-def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, into=None,
-              **kwargs):
+def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, **kwargs):
     """(body, meta) of ``[start, end)`` of ``path`` in the store ``spec`` names (``end``
     past the object's end: up to its end, when ``probe``).  ``body`` is ``bytes`` of exactly
-    the range's length; with ``into`` (writable buffers as long as the range together) the
-    body is written across them instead, and ``body`` is None.  Keywords: ``if_match``,
-    ``version``, ``hint_401``, ``probe``, ``where``."""
-    if into is not None and not _direct:        # the helper's answer comes back as bytes
-        body, meta = _run(_get_exact, spec, path, start, end, timeout=timeout, **kwargs)
-        copy_into(body, into)
-        return None, meta
-    return _run(_get_exact, spec, path, start, end, timeout=timeout, into=into, **kwargs)
+    the range's length.  Keywords: ``if_match``, ``version``, ``hint_401``, ``probe``,
+    ``where``."""
+    return _run(_get_exact, spec, path, start, end, timeout=timeout, **kwargs)
 
 
 def _timeout_text(spec: tuple) -> str:
@@ -327,7 +315,7 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
 
 
 def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401="", probe=False,
-               where="", into=None):
+               where=""):
     import obstore as obs  # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
@@ -348,9 +336,6 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
         want = got_end - got_start
         if want == 0:
             return b"", result.meta
-        if into is not None:
-            _receive_into(result, want, into)
-            return None, result.meta
         stream = result.stream(min_chunk_size=want)
         body = next(stream, b"")
         if len(body) == want and next(stream, None) is not None:
@@ -360,36 +345,6 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
         raise
     except Exception as error:          # any exception: classified, or raised as it is
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
-
-
-# The body of a read into given buffers comes in chunks of this size: each one a ``bytes``
-# obstore makes (zeroed, then filled: pyo3) and frees at once, so that its pages are the same
-# few, warm ones every time; one ``bytes`` of a whole 4 MiB block was fresh pages each time,
-# zeroed by the kernel and again by pyo3 (docs/benchmarks.md, "The copy limit").
-RECEIVE_CHUNK = 256 << 10
-
-
-def _receive_into(result, want: int, into: list) -> None:
-    """The body of ``result`` (``want`` bytes) written across the buffers ``into``, read no
-    further than one chunk past ``want`` (a longer answer is refused, as ``exact`` does)."""
-    buffers = iter(into)
-    buf, at, got = None, 0, 0
-    for chunk in result.stream(min_chunk_size=RECEIVE_CHUNK):
-        n = len(chunk)
-        if got + n > want:
-            raise FetchError("too_long", f"the server sent more than the {want} bytes asked for")
-        pos = 0
-        with memoryview(chunk) as view:
-            while pos < n:
-                if buf is None or at == len(buf):
-                    buf, at = next(buffers), 0
-                step = min(n - pos, len(buf) - at)
-                buf[at:at + step] = view[pos:pos + step]
-                at += step
-                pos += step
-        got += n
-    if got < want:
-        raise FetchError("http", f"short read: {got} of {want} bytes", transient=True)
 
 
 def _head(spec, path, hint_401, where) -> dict:
