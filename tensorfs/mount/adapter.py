@@ -11,7 +11,6 @@ import itertools
 import logging
 import os
 
-from tensorfs.mount.editable import EditRefused
 from tensorfs.mount.fuse3 import Entry, FsError, Session
 from tensorfs.mount.longwork import NotReady
 from tensorfs.mount.operations import Operations
@@ -74,6 +73,10 @@ class TensorFS(Operations):
             if not exc.logged:      # a source that said it already (once)
                 log.error("%s", exc)
             return errno.EIO
+        # (--edits's module, and numpy with it, imported here rather than at mount: a
+        # refused edit is raised by that module, so it is loaded whenever one is)
+        from tensorfs.mount.editable import EditRefused
+
         if isinstance(exc, EditRefused):
             log.warning("edit refused: %s", exc.strerror)
             return exc.errno
