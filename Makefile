@@ -1,5 +1,6 @@
 # make demo: install what is missing, mount a bundled sample model, look around, unmount.
-# make test: the same install plus the test dependencies, then the whole suite.
+# make test: the same install plus the test dependencies, then the linter, the type checker
+# (mypy) and the whole suite.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -11,8 +12,11 @@ all: test
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
 # on, as in Debian 13) and fusermount; libfuse2 is what fusepy loads (the tests' slow FUSE
 # source, bench/passthrough.py).
+# ldconfig by its path: a user's PATH often lacks /sbin, and "ldconfig: not found" must not
+# send a machine that has everything back to apt-get.
+LDCONFIG := $(firstword $(wildcard /sbin/ldconfig /usr/sbin/ldconfig) ldconfig)
 system-deps:
-	@if ldconfig -p | grep -Eq 'libfuse3\.so\.[34] ' && ldconfig -p | grep -q 'libfuse\.so\.2 ' \
+	@if $(LDCONFIG) -p | grep -Eq 'libfuse3\.so\.[34] ' && $(LDCONFIG) -p | grep -q 'libfuse\.so\.2 ' \
 	    && command -v fusermount >/dev/null && command -v getfattr >/dev/null; then :; else \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install fuse3 and libfuse2 (apt-get)" >&2; exit 1; fi; \
 	  echo "installing fuse3, libfuse2 and attr (getfattr, for the xattr tests) ..."; \
@@ -49,6 +53,11 @@ test-system-deps:
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
 	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
+	@# vim and perl: the edit tests rewrite metadata files with them (tests/test_edits_tools.py)
+	@{ command -v vim >/dev/null || command -v vim.tiny >/dev/null; } && command -v perl >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then echo "need root to install vim-tiny and perl (apt-get)" >&2; exit 1; fi; \
+	  echo "installing vim-tiny and perl (for the edit tests) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq vim-tiny perl; }
 	@# nginx: the remote tests run their own (tests/support/servers.py); its system service is never started
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install nginx (apt-get)" >&2; exit 1; fi; \
@@ -103,6 +112,7 @@ demo: venv
 
 test: test-venv clients-venv llama-gguf-hash
 	$(BIN)/ruff check tensorfs tests bench tools examples
+	$(BIN)/mypy
 	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
 
 # llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from
@@ -141,6 +151,8 @@ bench: test-venv
 	@# W4, W5: whole remote files through files/ (issue 24)
 	$(BIN)/python bench/bench_clients.py
 	$(BIN)/python bench/bench_facts.py
+	$(BIN)/python bench/bench_pytorch.py
+	$(BIN)/python bench/bench_fleet.py
 	@# tensorfs beside rclone (Debian's package) and curl on one nginx (issue 31)
 	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone
 	$(BIN)/python bench/bench_peers.py

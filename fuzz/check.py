@@ -274,8 +274,155 @@ def check(data: bytes, fmt: str, *, memory: bool = True, prefix: int | None = 16
 
 
 def check_both(data: bytes, **kwargs) -> dict:
-    """Every input through both parsers: each must refuse the other's files properly too."""
-    return {fmt: check(data, fmt, **kwargs) for fmt in PARSERS}
+    """Every input through every parser: each must refuse the others' files properly too
+    (the PyTorch reader under ``check_pytorch``: it reads where it asks, not a prefix)."""
+    out = {fmt: check(data, fmt, **kwargs) for fmt in PARSERS}
+    out["pytorch"] = check_pytorch(data, memory=kwargs.get("memory", True),
+                                   seconds=kwargs.get("seconds", TIME_LIMIT_S))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch checkpoints: the zip and the pickle walked; the composed safetensors read whole.
+# ---------------------------------------------------------------------------------------
+
+def check_pytorch(data: bytes, *, memory: bool = True,
+                  seconds: float | None = TIME_LIMIT_S) -> dict:
+    """The contract for ``tensorfs.formats.pytorch``: a model whose tensors lie inside their
+    storages inside the file, or a ``PytorchError`` of a listed kind in one line; bounded
+    memory; and the safetensors file composed from an accepted one reads whole, as long
+    as it says, into the file ``safetensors`` parses (the composition's own check)."""
+    from tensorfs.errors import PytorchError
+    from tensorfs.formats import pytorch
+    from tensorfs.loading.checkpoints import BytesSource, compose_checkpoint
+
+    data = bytes(data)
+    size = len(data)
+
+    def read(offset, n):
+        return data[offset:offset + n]
+
+    def run():
+        peak = _Peak() if memory else None
+        try:
+            if peak:
+                with peak:
+                    result = pytorch.parse_pytorch(read, size, path="fuzz")
+            else:
+                result = pytorch.parse_pytorch(read, size, path="fuzz")
+        except PytorchError as error:
+            if error.kind not in pytorch.KINDS:
+                raise Violation(f"pytorch: error kind {error.kind!r} is not in KINDS") from None
+            text = str(error)
+            if "\n" in text or "\r" in text or not text:
+                raise Violation(f"pytorch: error message is not one line: {text!r}") from None
+            if error.offset is not None and (type(error.offset) is not int or error.offset < 0):
+                raise Violation(f"pytorch: error offset {error.offset!r}") from None
+            return {"outcome": error.kind}
+        except Exception as error:
+            raise Violation(f"pytorch: {type(error).__name__} escaped the parser: "
+                            f"{error}") from error
+        if peak and peak.bytes > PARSE_BYTES_PER_INPUT_BYTE * size + PARSE_FIXED_BYTES:
+            raise Violation(f"pytorch: parsing {size} bytes peaked at {peak.bytes} bytes")
+        for t in result.tensors:
+            count = 1
+            for d in t.shape:
+                count *= d
+            if t.nbytes != count * pytorch.ITEMSIZE[t.dtype]:
+                raise Violation(f"pytorch: tensor {t.name!r} nbytes {t.nbytes}")
+            end = t.offset + t.nbytes
+            if t.strides is not None:
+                end = t.offset + (sum((d - 1) * st for d, st in zip(t.shape, t.strides)) + 1) \
+                    * pytorch.ITEMSIZE[t.dtype]
+            if count and not (result.header_size <= t.offset and end <= size):
+                raise Violation(f"pytorch: tensor {t.name!r} reaches outside the file")
+        try:
+            composed, composed_file, _ = compose_checkpoint(
+                result, BytesSource("fuzz", data, None), "fuzz")
+            whole = composed.read(0, composed.size)
+        except Exception as error:
+            raise Violation(f"pytorch: composing the safetensors file raised {error!r}") \
+                from error
+        if len(whole) != composed.size or composed.size != composed_file.file_size:
+            raise Violation("pytorch: the composed file reads short")
+        return {"outcome": "model"}
+
+    if seconds is None:
+        return run()
+    with time_limit(seconds):
+        return run()
+
+
+def _pickled_tensor(storage: str, key: str, numel: int, offset: int, shape, strides) -> bytes:
+    """What torch.save writes for one tensor (protocol 2), written here without torch."""
+    def ints(values):
+        return b"(" + b"".join(b"J" + struct.pack("<i", v) for v in values) + b"t"
+    return (b"ctorch._utils\n_rebuild_tensor_v2\n(" +
+            b"(X\x07\x00\x00\x00storagectorch\n" + storage.encode() + b"\n" +
+            b"X" + struct.pack("<I", len(key)) + key.encode() +
+            b"X\x03\x00\x00\x00cpuJ" + struct.pack("<i", numel) + b"tQ" +
+            b"J" + struct.pack("<i", offset) + ints(shape) + ints(strides) +
+            b"\x89ccollections\nOrderedDict\n)RtR")
+
+
+def pytorch_checkpoint(entries: list[tuple[str, bytes]], tensors: list[tuple[str, bytes]],
+                       prefix: str = "archive") -> bytes:
+    """A torch.save zip (stored entries) holding an OrderedDict of ``tensors`` (name,
+    pickled tensor) and the storages ``entries`` (key, bytes): a seed needing no torch."""
+    import io
+    import zipfile
+
+    pkl = b"\x80\x02ccollections\nOrderedDict\n)R("
+    for name, tensor in tensors:
+        pkl += b"X" + struct.pack("<I", len(name.encode())) + name.encode() + tensor
+    pkl += b"u."
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{prefix}/data.pkl", pkl)
+        z.writestr(f"{prefix}/byteorder", b"little")
+        for key, raw in entries:
+            z.writestr(f"{prefix}/data/{key}", raw)
+        z.writestr(f"{prefix}/version", b"3\n")
+    return out.getvalue()
+
+
+def mutate_pytorch(data: bytes, rng: random.Random, pool=()) -> bytes:
+    """A checkpoint with its data.pkl's bytes mutated (the zip rebuilt around it, so the
+    walker, not the container check, meets the change), or one of its other entries."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    which = rng.randrange(len(entries))
+    if rng.random() < 0.7:
+        which = next((i for i, (n, _) in enumerate(entries) if n.endswith("/data.pkl")), which)
+    name, body = entries[which]
+    entries[which] = (name, mutate_bytes(body, rng, pool, len(body)) if body else body)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name, body in entries:
+            z.writestr(name, body)
+    return out.getvalue()
+
+
+def pytorch_seeds() -> list[bytes]:
+    """Checkpoints as torch.save lays them out: a plain one, one with a view at an offset,
+    a transposed view and a tied key of one storage."""
+    import numpy as np
+
+    w = np.arange(12, dtype=np.float32).tobytes()
+    plain = pytorch_checkpoint(
+        [("0", w), ("1", bytes(range(6)))],
+        [("w", _pickled_tensor("FloatStorage", "0", 12, 0, (3, 4), (4, 1))),
+         ("b", _pickled_tensor("ByteStorage", "1", 6, 0, (6,), (1,)))])
+    views = pytorch_checkpoint(
+        [("0", w)],
+        [("w", _pickled_tensor("FloatStorage", "0", 12, 0, (3, 4), (4, 1))),
+         ("t", _pickled_tensor("FloatStorage", "0", 12, 0, (4, 3), (1, 4))),
+         ("row", _pickled_tensor("FloatStorage", "0", 12, 4, (2, 4), (4, 1))),
+         ("tied", _pickled_tensor("FloatStorage", "0", 12, 0, (3, 4), (4, 1)))])
+    return [plain, views]
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Long-run, coverage-guided fuzzing of both parsers with atheris (libFuzzer for Python).
+"""Long-run, coverage-guided fuzzing of the parsers (GGUF, safetensors, PyTorch) with atheris
+(libFuzzer for Python).
 
     make fuzz                                      # 300 s, corpus under build/fuzz/
     python fuzz/fuzz_parsers.py -max_total_time=600 [-jobs=2 -workers=2] [CORPUS_DIR ...]
     python fuzz/fuzz_parsers.py build/fuzz/artifacts/crash-...   # replay one finding
 
-Every input goes through both parsers and must satisfy ``fuzz.check`` (the contract of
+Every input goes through every parser and must satisfy ``fuzz.check`` (the contract of
 issue 5: a model whose tensors lie inside the file, or the parser's own error; a prefix
 grown as the loader grows it gives the same answer; memory linear in the input).  A
 violation is an uncaught exception: libFuzzer stops and writes the input to
@@ -13,8 +14,10 @@ replays them all).
 
 Mutations: libFuzzer's own (coverage-guided, with a dictionary of the formats' tokens and
 boundary integers) half the time, and the structure-aware mutators of ``fuzz.check`` (GGUF
-header fields set to boundary values, safetensors JSON headers mutated as JSON) the other
-half.  The seed corpus is the valid files of the test suite plus both malformed corpora.
+header fields set to boundary values, safetensors JSON headers mutated as JSON, a PyTorch
+checkpoint's data.pkl mutated inside a rebuilt zip) the other half.  The seed corpus is the
+valid files of the test suite (and checkpoints as torch.save lays them out) plus both
+malformed corpora.
 
 Hangs are libFuzzer's ``-timeout`` (default here 10 s per input: it owns SIGALRM, so the
 per-input alarm of the suite is off); memory is the tracemalloc bound of ``fuzz.check``
@@ -38,7 +41,9 @@ with atheris.instrument_imports(include=["tensorfs"]):
     import tensorfs.convert.plan
     import tensorfs.errors
     import tensorfs.formats.gguf
+    import tensorfs.formats.pytorch
     import tensorfs.formats.safetensors
+    import tensorfs.loading.checkpoints
     import tensorfs.mount.metadata_json
     import tensorfs.views.names  # noqa: F401
 
@@ -51,12 +56,15 @@ BUILD = os.path.join(ROOT, "build", "fuzz")
 DICTIONARY = [b"GGUF", b"general.alignment", b"__metadata__", b'"dtype"', b'"shape"',
               b'"data_offsets"', b'"F32"', b'"BF16"', b'"U8"', b'"F4"', b'"F8_E4M3"',
               b"\\ud800", b"\\udc00", b"-0", b"1e400", b"NaN", b"[[[[", b"]]]]"]
+DICTIONARY += [b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"ctorch\nFloatStorage\n",
+               b"ctorch._utils\n_rebuild_tensor_v2\n", b"ccollections\nOrderedDict\n"]
 DICTIONARY += [v.to_bytes(8, "little") for v in (2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)]
 DICTIONARY += [str(v).encode() for v in (2**32 - 1, 2**63 - 1, 2**64 - 1, 2**64)]
 
 _count = 0
 _GGUF_SEEDS: list[bytes] = []
 _ST_SEEDS: list[bytes] = []
+_PT_SEEDS: list[bytes] = []
 
 
 def test_one_input(data: bytes) -> None:
@@ -73,7 +81,12 @@ def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
     if rng.random() < 0.5:
         return atheris.Mutate(data, max_size)
     try:
-        if data[:4] == b"GGUF" and rng.random() < 0.8:
+        if data[:2] == b"PK" and rng.random() < 0.8:
+            try:
+                out = check.mutate_pytorch(data, rng, _PT_SEEDS)
+            except Exception:             # not a readable zip: start from a seed
+                out = check.mutate_pytorch(rng.choice(_PT_SEEDS), rng, _PT_SEEDS)
+        elif data[:4] == b"GGUF" and rng.random() < 0.8:
             base = data if rng.random() < 0.5 else rng.choice(_GGUF_SEEDS)
             try:
                 out = check.mutate_gguf(base, rng, _GGUF_SEEDS)
@@ -95,7 +108,7 @@ def _write_seed_corpus(directory: str) -> None:
     from tests.support import gguf_corpus, safetensors_corpus
 
     os.makedirs(directory, exist_ok=True)
-    seeds = _GGUF_SEEDS + _ST_SEEDS
+    seeds = _GGUF_SEEDS + _ST_SEEDS + _PT_SEEDS
     seeds += [d for _, d in gguf_corpus.MALFORMED if len(d) < 65536]
     seeds += [d for _, d in safetensors_corpus.MALFORMED if len(d) < 65536]
     for data in seeds:
@@ -115,6 +128,7 @@ def _write_dictionary(path: str) -> None:
 def main(argv: list[str]) -> None:
     _GGUF_SEEDS.extend(check.gguf_seeds())
     _ST_SEEDS.extend(check.safetensors_seeds())
+    _PT_SEEDS.extend(check.pytorch_seeds())
     args = list(argv)
     flags = [a for a in args[1:] if a.startswith("-")]
     paths = [a for a in args[1:] if not a.startswith("-")]

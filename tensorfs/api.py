@@ -27,12 +27,13 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tensorfs.convert.blocks import converted_array
 from tensorfs.convert.plan import plan_view
 from tensorfs.errors import ModelError
 from tensorfs.loading.loader import load_model
 from tensorfs.loading.wholefiles import whole_file_views
 from tensorfs.model import Model, TensorInfo
-from tensorfs.sources.local import ModelSource
+from tensorfs.sources.local import ModelSource, Source
 from tensorfs.sources.urls import remote_settings
 
 __all__ = ["open", "OpenModel", "ModelError", "TensorInfo", "WholeFile"]
@@ -67,10 +68,6 @@ class _Files(Mapping):
 
     def __repr__(self) -> str:
         return f"<files: {', '.join(self._views)}>"
-
-# Converted tensors are converted this many stored bytes at a time (whole blocks): the
-# stored bytes of one slab are all the memory used besides the float32 result.
-SLAB_BYTES = 16 << 20
 
 
 class _Metadata(Mapping):
@@ -163,7 +160,7 @@ class OpenModel:
         return self.model.files[0].format
 
     # -- tensors ---------------------------------------------------------------------------
-    def _tensor(self, name: str) -> tuple[TensorInfo, object]:
+    def _tensor(self, name: str) -> tuple[TensorInfo, Source]:
         if self._sources is None:
             raise ValueError("the model is closed")
         try:
@@ -219,7 +216,8 @@ class OpenModel:
             out.flags.writeable = False
             return out
         if plan.kind == "converted":
-            return _converted(source, tensor, plan.conversion)
+            return converted_array(source, tensor.offset, plan.conversion,
+                                   tensor.n_elements).reshape(tensor.shape)
         raise ModelError("raw_only", f"tensor {name!r} has no array view: {plan.reason}",
                          name=name, file=tensor.file)
 
@@ -231,7 +229,7 @@ class OpenModel:
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:
@@ -239,17 +237,3 @@ def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:
     header was validated on (not the path again: it may name another file by now)."""
     with os.fdopen(os.dup(fd), "rb") as f:      # the map keeps a descriptor of its own
         return np.memmap(f, dtype, mode="r", offset=tensor.offset, shape=tensor.shape)
-
-
-def _converted(source, tensor: TensorInfo, conversion) -> np.ndarray:
-    out = np.empty(tensor.n_elements, np.float32)
-    block_in, block_out = conversion.block_bytes, conversion.block_elems
-    n_blocks = tensor.nbytes // block_in
-    per_slab = max(1, SLAB_BYTES // block_in)
-    scratch = np.empty(min(n_blocks, per_slab) * block_in, np.uint8)
-    for first in range(0, n_blocks, per_slab):
-        count = min(per_slab, n_blocks - first)
-        raw = scratch[:count * block_in]
-        source.read_into(tensor.offset + first * block_in, memoryview(raw))
-        conversion.convert(raw, out=out[first * block_out:(first + count) * block_out])
-    return out.reshape(tensor.shape)

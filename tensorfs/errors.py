@@ -77,6 +77,10 @@ class SafetensorsError(ModelError):
     """A safetensors file refused by ``tensorfs.formats.safetensors``."""
 
 
+class PytorchError(ModelError):
+    """A PyTorch checkpoint refused by ``tensorfs.formats.pytorch``."""
+
+
 class ShardError(ModelError):
     """A set of shards that does not make one model."""
 

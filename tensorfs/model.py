@@ -9,7 +9,7 @@ asked, so a 150k-entry vocabulary costs nothing at mount time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 
 class TensorInfo(NamedTuple):
@@ -31,6 +31,10 @@ class TensorInfo(NamedTuple):
     file: str
     byte_order: str = "<"           # "<" or ">": byte order of the element / scale lanes
     ggml_type: int | None = None    # the GGUF type id; None for safetensors
+    # a PyTorch tensor that is not contiguous in its storage: its strides (elements), with
+    # ``offset`` the byte of element 0 and ``nbytes`` its elements' bytes, gathered by who
+    # serves it (tensorfs.loading.checkpoints); None: the bytes are [offset, offset + nbytes)
+    strides: tuple[int, ...] | None = None
 
     @property
     def n_elements(self) -> int:
@@ -73,7 +77,7 @@ class ModelFile:
     infos and alignment padding.  ``tensors`` are in the order the file lists them.
     """
 
-    format: str                     # "gguf" | "safetensors"
+    format: str                     # "gguf" | "safetensors" | "pytorch"
     version: int | None             # GGUF version; None for safetensors
     path: str
     file_size: int
@@ -99,7 +103,7 @@ class Model:
     source: str                     # what the user named: a file, an index, a directory, a URL
     # each file's source (tensorfs.sources.local), by ModelFile.path: the very ones the files were
     # parsed from, so that a mount serves what it parsed.  Empty for a model built by hand.
-    sources: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+    sources: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     url: str | None = None          # the URL the user named (without credentials), if remote
     # the other files served whole in files/ (docs/design.md): an index, a directory's config and
     # tokenizer files (tensorfs.loading.wholefiles.Companion)

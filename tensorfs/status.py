@@ -4,14 +4,16 @@ here and nowhere else.
 The serving process publishes it once the mount answers (``publish``: mount point, source,
 pid, tensor count, log, state "serving"), any source of that process may change its state
 (``report``: "source changed" with the reason its log holds; a local file changed or
-replaced under the mount, a remote object whose version changed), a remote source may note
-its last failed read (``read_failed``), and the process withdraws it when it stops serving
+replaced under the mount, a remote object whose version changed), a remote source whose
+reads fail makes it "degraded" with the reason (``read_failed``) until its requests are
+answered again (``read_ok``), and the process withdraws it when it stops serving
 (``withdraw``).  ``list`` reads it (``read``) and takes its rows from here (``listing``:
 the file that changed by its name in the mount and what still reads, that last failure, and
-the ``/dev/fd/N`` mounts); ``unmount`` forgets the one a killed daemon left (``forget``).
+the ``/dev/fd/N`` mounts, one row per daemon); ``unmount`` forgets the one a killed daemon left (``forget``).
 ``report`` is a no-op in a process that serves no mount (``inspect``, the library), so any layer may call it.
 
-The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime``: written whole,
+The file is ``NAME.json`` in the runtime directory (``tensorfs.runtime.files``: NAME is
+unique per live mount, the serving pid's in a ``/dev/fd/N`` mount's; written whole,
 never through a symlink), JSON with ASCII escapes: a name from the model cannot break a
 line of ``list``.
 """
@@ -25,17 +27,20 @@ import re
 import threading
 import time
 
-from tensorfs import runtime
 from tensorfs.errors import plural
+from tensorfs.runtime import files as runtime
+from tensorfs.runtime.mounts import descriptor_of
 
 log = logging.getLogger("tensorfs")
 
 SERVING = "serving"
+DEGRADED = "degraded"
 SOURCE_CHANGED = "source changed"
 SUFFIX = ".json"
 
 _lock = threading.Lock()
 _mine: dict | None = None        # this process's published status, while it serves
+_degraded = False                # some source's reads fail now (read_ok's quick test)
 
 
 def _name(mountpoint: str) -> str:
@@ -70,7 +75,8 @@ def publish(mountpoint: str, info: dict, files: dict | None = None) -> None:
               "reason": None}
     name = _name(mountpoint)
     with _lock:
-        _mine = {"name": name, "status": status, "files": dict(files or {}), "written": 0.0}
+        _mine = {"name": name, "status": status, "files": dict(files or {}), "written": 0.0,
+                 "failing": set()}
         try:
             _write(name, status)
         except runtime.RuntimeDirError as error:
@@ -96,18 +102,47 @@ def report(state: str, reason: str | None = None) -> None:
 
 def read_failed(path: str, message: str) -> None:
     """A read of ``path`` (a source's path) failed for a reason other than a change (a
-    server that does not answer): ``list`` shows the last one, and when.  Written at most
-    once a second, or when the message changes: every read of a dead server fails."""
+    server gone, a 503, the file gone): the mount is "degraded", the reason naming the file
+    and what happened, and ``list`` shows the last failure and when.  Written at once when
+    the state or the message changes, else at most once a second: every read of a dead
+    server fails."""
+    global _degraded
     with _lock:
         if _mine is None:
             return
         entry = _mine["files"].get(path)
         what = f"{entry['name']}: {message}" if entry and len(_mine["files"]) > 1 else message
-        last = _mine["status"].get("last_failure") or {}
+        status = _mine["status"]
+        last = status.get("last_failure") or {}
         now = time.time()
-        _mine["status"] = {**_mine["status"], "last_failure": {"what": what, "at": now}}
-        if last.get("what") != what or now - _mine["written"] >= 1.0:
+        changed = status.get("state") == SERVING
+        status = {**status, "last_failure": {"what": what, "at": now}}
+        if status.get("state") in (SERVING, DEGRADED):      # a source changed says more
+            status.update(state=DEGRADED, reason=what)
+            _mine["failing"].add(path)
+            _degraded = True
+        _mine["status"] = status
+        if changed or last.get("what") != what or now - _mine["written"] >= 1.0:
             _flush()
+
+
+def read_ok(path: str) -> None:
+    """A request for ``path`` (a source's path) was answered: if its reads were what made
+    the mount degraded, and no other file's still are, it is serving again (the last
+    failure stays shown, with its time).  Free while nothing failed: called on every
+    fetch."""
+    global _degraded
+    if not _degraded:
+        return
+    with _lock:
+        if _mine is None or path not in _mine["failing"]:
+            return
+        _mine["failing"].discard(path)
+        if _mine["failing"] or _mine["status"].get("state") != DEGRADED:
+            return
+        _degraded = False
+        _mine["status"] = {**_mine["status"], "state": SERVING, "reason": None}
+        _flush()
 
 
 def _flush() -> None:
@@ -147,7 +182,8 @@ def explained(reason: str, files: dict, total: int | None) -> str:
 
 def shown_state(status: dict) -> str:
     """The STATE column of ``list``: the state, its reasons, and a URL's last failed read
-    with its local time (``serving, last read failed: cannot connect … (12:03:04)``)."""
+    with its local time (``degraded: cannot connect … (12:03:04)``; ``serving, last read
+    failed: … (12:03:04)`` once reads work again)."""
     state = status.get("state") or "unknown"
     if status.get("reason"):
         state += f": {status['reason']}"
@@ -156,17 +192,22 @@ def shown_state(status: dict) -> str:
         at = failure.get("at")
         when = f" ({time.strftime('%H:%M:%S', time.localtime(at))})" \
             if isinstance(at, (int, float)) else ""
-        state += f"{';' if status.get('reason') else ','} last read failed: {failure['what']}{when}"
+        if status.get("state") == DEGRADED and failure["what"] == status.get("reason"):
+            state += when
+        else:
+            state += f"{';' if status.get('reason') else ','} last read failed: " \
+                     f"{failure['what']}{when}"
     return state
 
 
 def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
     """One row per mount for ``tensorfs list``: each of ``mountpoints`` (the user's tensorfs
     mounts in the mount table), then each ``/dev/fd/N`` mount (mounted by another process,
-    so in no mount table under that name) whose daemon runs."""
+    so in no mount table under that name) whose daemon runs, one row per daemon: any
+    number of them may serve a ``/dev/fd/9``."""
     rows = []
     by_descriptor = _descriptor_mounts(running)
-    for mountpoint in mountpoints + by_descriptor:
+    for mountpoint in mountpoints:
         status = read(mountpoint, running) or {}
         pid = pid_of(mountpoint)
         if pid is None and status:
@@ -176,16 +217,22 @@ def listing(mountpoints: list[str], pid_of, running) -> list[dict]:
             status = {"state": "unknown", "reason": "no status in this user's runtime directory"
                       + (" (served through a descriptor? see the /dev/fd/N rows)"
                          if by_descriptor else "")}
-        rows.append({"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
-                     "tensors": status.get("tensors"), "state": status.get("state"),
-                     "reason": status.get("reason"),
-                     "last_failure": status.get("last_failure"), "shown": shown_state(status),
-                     "log": status.get("log")})
+        rows.append(_row(mountpoint, status, pid))
+    for status in by_descriptor:
+        rows.append(_row(status["mountpoint"], status, status["pid"]))
     return rows
 
 
-def _descriptor_mounts(running) -> list[str]:
-    found = []
+def _row(mountpoint: str, status: dict, pid: int | None) -> dict:
+    return {"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
+            "tensors": status.get("tensors"), "state": status.get("state"),
+            "reason": status.get("reason"), "last_failure": status.get("last_failure"),
+            "shown": shown_state(status), "log": status.get("log")}
+
+
+def _descriptor_mounts(running) -> list[dict]:
+    """The status of each live ``/dev/fd/N`` mount, in the order of their files' names."""
+    found, pids = [], set()
     for directory in runtime.known_dirs():
         try:
             names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX))
@@ -196,9 +243,10 @@ def _descriptor_mounts(running) -> list[str]:
                 continue
             status = _load(os.path.join(directory, name)) or {}
             mountpoint, pid = status.get("mountpoint"), status.get("pid")
-            if isinstance(mountpoint, str) and runtime.descriptor_of(mountpoint) is not None \
-                    and isinstance(pid, int) and running(pid) and mountpoint not in found:
-                found.append(mountpoint)
+            if isinstance(mountpoint, str) and descriptor_of(mountpoint) is not None \
+                    and type(pid) is int and running(pid) and pid not in pids:
+                pids.add(pid)
+                found.append(status)
     return found
 
 

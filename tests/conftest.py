@@ -18,6 +18,7 @@ import pytest
 # the helpers' asserts explain themselves as the tests' do (registered before the import)
 pytest.register_assert_rewrite("tests.support")
 from tests.support import RUNTIME_DIR, fuse_mounts_under, mounts_in  # noqa: E402 (as above)
+from tests.support.mounts import shared_directory  # noqa: E402 (as above)
 
 _REMOTE = Path(__file__).resolve().parent / "remote"
 
@@ -46,3 +47,10 @@ def mount(tmp_path):
     """mount(model, *options) -> mount point; everything mounted is unmounted afterwards."""
     yield from mounts_in(tmp_path)
     assert fuse_mounts_under(tmp_path) == []
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory every user can enter and read (tests.support.mounts.shared_directory),
+    with what is mounted below it detached afterwards."""
+    yield from shared_directory()

@@ -15,6 +15,7 @@ import pytest
 from safetensors import safe_open
 
 import tensorfs
+from tensorfs.convert import blocks as block_driver
 from tensorfs.dtypes import GGML_TYPES_BY_NAME
 from tests.support import (
     convert_reference,  # tests/: the oracles for what gguf-py cannot dequantize
@@ -168,7 +169,7 @@ def test_types_gguf_py_cannot_write_and_tensors_larger_than_a_slab(tmp_path, mon
     model = tmp_path / "hand.gguf"
     model.write_bytes(gguf_corpus.encode_gguf(tensors=infos, data=bytes(data)))
     # slabs of one block: the conversion loop's seams, on every tensor
-    monkeypatch.setattr(tensorfs.api, "SLAB_BYTES", 1)
+    monkeypatch.setattr(block_driver, "SLAB_BYTES", 1)
     with tensorfs.open(model) as m:
         for tensor, want in expected.items():
             assert np.array_equal(_bits(m.array(tensor)), _bits(want)), tensor

@@ -4,27 +4,10 @@ the mount can remove the copy again, while the mount itself stays read-only (ERO
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
-import pytest
-
-from tests.support import fuse_mounts_under, run_tensorfs
+from tests.support import run_tensorfs
 from tests.support.models import write_safetensors
 from tests.support.users import needs_users
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory every user can enter (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="tensorfs-copies-"))
-    path.chmod(0o755)
-    yield path
-    for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount", "-uz", mnt], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @needs_users

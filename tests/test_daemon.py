@@ -16,7 +16,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,7 @@ def _runtime_files(mnt) -> list[str]:
 
 
 def _daemon_pid(mnt) -> int:
-    from tensorfs.mount.daemon import daemon_pid
+    from tensorfs.cli.daemon import daemon_pid
 
     pid = daemon_pid(os.path.realpath(mnt))
     assert pid is not None
@@ -67,17 +66,6 @@ def _list(*args) -> list[dict]:
     result = run_tensorfs("list", "--json", *args)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory every user can read (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="tensorfs-users-"))
-    path.chmod(0o755)
-    yield path
-    for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount", "-uz", mnt], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _dir_of(user: User, path: Path, mode: int) -> Path:
@@ -412,7 +400,7 @@ def test_list_tells_two_mounts_of_same_named_models_apart_and_a_changed_source(t
 
 
 def test_list_shows_a_url_without_its_credentials():
-    from tensorfs.cli.main import shown_source
+    from tensorfs.sources.urls import shown_source
 
     assert shown_source("https://user:hunter2@example.org:8443/m.gguf?X-Amz-Signature=abc") == \
         "https://example.org:8443/m.gguf?…"

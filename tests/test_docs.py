@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tensorfs.cli.main import build_parser, parse_size
+from tensorfs.cli.parser import build_parser, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] + \
@@ -124,3 +124,31 @@ def test_the_synopses_name_each_option_as_the_parser_does():
                 if shown != expected:
                     wrong.append(f"{doc.name}: {flag} {shown} (the parser: {expected})")
     assert wrong == []
+
+
+def test_every_mount_option_is_in_the_table_and_the_usage_lines():
+    """Each option ``mount --help`` lists has its row in docs/cli.md's table and a place in
+    the mount usage lines of docs/cli.md and the README (``--edits`` was missing from all
+    three)."""
+    mount = _commands()["mount"]
+    flags = {a.option_strings[0] for a in mount._actions
+             if a.option_strings and a.help != argparse.SUPPRESS} - {"-h"}
+    flags |= {"--debug"}
+    in_table = {flag for command, flag, _ in _option_tables((ROOT / "docs" / "cli.md").read_text())
+                if command == "mount"}
+    assert sorted(flags - in_table) == []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+        lines = doc.read_text().splitlines()
+        first = next(i for i, line in enumerate(lines)
+                     if re.match(r"`?tensorfs mount MODEL MOUNTPOINT ", line))
+        usage = lines[first]                    # and its continuation lines, indented
+        for line in lines[first + 1:]:
+            if not re.match(r"`? {8}", line):
+                break
+            usage += line
+        assert sorted(f for f in flags if f not in usage) == [], doc.name
+
+
+def test_mount_help_says_read_only_only_without_edits():
+    description = _commands()["mount"].description
+    assert "read-only" not in description or "--edits" in description

@@ -341,13 +341,14 @@ def test_edits_persist_and_bind_to_the_model(tmp_path, llama_model, mount):
     first = (mnt / "files" / "model.gguf").read_bytes()
     # no tensor bytes kept for a metadata edit, a removal or a rename: a few KiB
     assert sum(p.stat().st_size for p in (edits / "tensorfs-edits.v1").iterdir()) < 8192
+    assert run_tensorfs("unmount", mnt).returncode == 0     # one mount at a time uses DIR
     again = mount(llama_model, "--edits", edits)
     assert (again / "files" / "model.gguf").read_bytes() == first
     assert (again / "metadata" / "tokenizer.ggml.eos_token_id").read_text() == "7\n"
     assert (again / "blk" / "0" / "token_ids").exists()
     assert not (again / "blk" / "0" / "ids").exists()
     assert not (again / "blk" / "0" / "attn_q" / "weight").exists()
-
+    assert run_tensorfs("unmount", again).returncode == 0
     other = write_gguf(tmp_path / "other.gguf", base_kvs()[:2], base_tensors(seed=3))
 
 
@@ -638,9 +639,11 @@ def test_mv_of_a_directory_renames_every_tensor_below(tmp_path, llama_model, mou
     np.save(mnt / "blk" / "7" / "ids.npy", np.ones((3, 4), dtype=np.int32))
     assert np.array_equal(gguf_tensor(mnt / "files" / "model.gguf", "blk.7.ids"),
                           np.ones((3, 4), dtype=np.int32))
+    listed = sorted(os.listdir(mnt / "blk" / "7"))
+    assert run_tensorfs("unmount", mnt).returncode == 0     # one mount at a time uses DIR
     again = mount(llama_model, "--edits", edits)
     assert gguf_names(again / "files" / "model.gguf") == names
-    assert sorted(os.listdir(again / "blk" / "7")) == sorted(os.listdir(mnt / "blk" / "7"))
+    assert sorted(os.listdir(again / "blk" / "7")) == listed
 
 
 def test_general_alignment_edited_moves_the_data(tmp_path, mount):

@@ -185,8 +185,8 @@ def test_errors_exit_2_in_one_line(tmp_path):
 
 def test_pieces_and_threads_change_nothing(tmp_path, monkeypatch):
     import tensorfs
-    from tensorfs.facts import common as facts
     from tensorfs.facts import diff
+    from tensorfs.facts import pieces as facts
 
     fa, fb, values = write_pair(tmp_path)
     monkeypatch.setattr(facts, "TASK_BYTES", 1)
@@ -220,8 +220,8 @@ def test_plot_draws_every_compared_tensor_on_the_band_it_belongs_to(tmp_path):
     pytest.importorskip("matplotlib")
     from safetensors.numpy import save_file
 
-    from tensorfs.facts.common import open_model
     from tensorfs.facts.diff import model_diff
+    from tensorfs.facts.models import open_model
     from tensorfs.facts.plot import plot_diff
 
     rng = np.random.default_rng(5)

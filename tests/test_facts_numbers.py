@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from safetensors.numpy import save_file
 
-from tensorfs.facts.common import Scratch
 from tensorfs.facts.diff import Sums, TensorDiff, _sums
+from tensorfs.facts.pieces import Scratch
 from tensorfs.facts.stats import Moments, moments
 from tests.support import run_tensorfs
 

@@ -83,7 +83,7 @@ def test_pieces_and_threads_change_nothing(models, monkeypatch):
     """Pieces of a few blocks, tasks of one piece, one to five threads: the merge of
     moments across pieces gives numpy's values."""
     import tensorfs
-    from tensorfs.facts import common as facts
+    from tensorfs.facts import pieces as facts
     from tensorfs.facts import stats
 
     d, written = models
@@ -152,7 +152,7 @@ def test_plot_draws_zero_on_a_band_not_at_a_made_up_height(tmp_path):
     pytest.importorskip("matplotlib")
     from safetensors.numpy import save_file
 
-    from tensorfs.facts.common import open_model
+    from tensorfs.facts.models import open_model
     from tensorfs.facts.plot import plot_stats
     from tensorfs.facts.stats import model_stats
 

@@ -183,3 +183,41 @@ def test_a_privileged_mounter_passes_the_descriptor_to_an_unprivileged_user(user
     assert wait_for(lambda: not _processes_of(user.uid, "/dev/fd/"), 30)
     shutil.rmtree(shared, ignore_errors=True)
     shutil.rmtree(f"/tmp/tensorfs-{user.uid}", ignore_errors=True)
+
+
+def test_two_mounts_served_through_the_same_descriptor_number_are_both_listed(tmp_path):
+    """Two daemons each given ``/dev/fd/9`` (each its own /dev/fuse, mounted by the test as a
+    mounter would): their runtime files do not share a name, ``list`` shows both, and each
+    one's files go when it stops, not the other's (issue 35 class 9)."""
+    model = tmp_path / "m.safetensors"
+    write_safetensors(model)
+    directories, pids = [], []
+    try:
+        for k in range(2):
+            directory = tmp_path / f"mnt{k}"
+            directory.mkdir()
+            fd = _mount_descriptor(directory)
+            directories.append(directory)
+            # the descriptor as number 9 in the command, as fdpass.py hands it over
+            result = subprocess.run(["bash", "-c", 'exec "$@" 9<&' + str(fd), "bash", *TENSORFS,
+                                     "mount", str(model), "/dev/fd/9"], pass_fds=(fd,),
+                                    capture_output=True, text=True, timeout=120,
+                                    stdin=subprocess.DEVNULL)
+            os.close(fd)
+            assert result.returncode == 0, result.stderr
+            assert (directory / "lm_head" / "weight").exists()
+        rows = [r for r in json.loads(run_tensorfs("list", "--json").stdout)
+                if r["mountpoint"] == "/dev/fd/9"]
+        assert len(rows) == 2, rows
+        pids = [r["pid"] for r in rows]
+        assert len(set(pids)) == 2 and all(alive(p) for p in pids)
+        assert all(r["state"] == "serving" and r["source"] == str(model) for r in rows), rows
+        _unmount(directories.pop(0))
+        assert wait_for(lambda: sum(alive(p) for p in pids) == 1, 30)
+        rows = [r for r in json.loads(run_tensorfs("list", "--json").stdout)
+                if r["mountpoint"] == "/dev/fd/9"]
+        assert [r["state"] for r in rows] == ["serving"] and alive(rows[0]["pid"]), rows
+    finally:
+        for directory in directories:
+            _unmount(directory)
+    assert wait_for(lambda: not any(alive(p) for p in pids), 30)

@@ -48,8 +48,8 @@ def _model_dir(tmp_path: Path, form: str) -> tuple[Path, list[Path]]:
         (d / "tokenizer.json").write_bytes(os.urandom(300_000))
         (d / "generation_config.json").write_text("{}\n")
         (d / ".hidden").write_text("not served\n")
-        (d / "sub").mkdir()
-        (d / "sub" / "x.json").write_text("not served either\n")
+        (d / "sub").mkdir()             # a subfolder: served as files/sub/x.json
+        (d / "sub" / "x.json").write_text("in a subfolder\n")
         return d, sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
     raise AssertionError(form)
 
@@ -61,7 +61,10 @@ FORMS = ["safetensors", "gguf", "index", "split", "directory"]
 def test_files_holds_each_file_as_it_is_on_disk(tmp_path, mount, form):
     given, expected = _model_dir(tmp_path, form)
     mnt = mount(given)
-    assert sorted(os.listdir(mnt / "files")) == sorted(p.name for p in expected)
+    sub = ["sub"] if form == "directory" else []          # a directory's subfolder
+    assert sorted(os.listdir(mnt / "files")) == sorted([p.name for p in expected] + sub)
+    if sub:
+        assert (mnt / "files" / "sub" / "x.json").read_bytes() == b"in a subfolder\n"
     for local in expected:
         served = mnt / "files" / local.name
         assert subprocess.run(["cmp", str(local), str(served)]).returncode == 0, local.name
@@ -71,7 +74,7 @@ def test_files_holds_each_file_as_it_is_on_disk(tmp_path, mount, form):
         assert (st.st_uid, st.st_gid) == (mine.st_uid, mine.st_gid)
     # and the library gives the same list (docs/api.md)
     with tensorfs.open(given) as m:
-        assert list(m.files) == sorted(p.name for p in expected)
+        assert list(m.files) == sorted([p.name for p in expected] + [f"{s}/x.json" for s in sub])
         for local in expected:
             entry = m.files[local.name]
             assert (entry.size, entry.mtime_ns) == (local.stat().st_size,
@@ -196,6 +199,7 @@ def test_a_copy_of_files_is_a_copy_of_the_model_directory(tmp_path, mount):
     mnt = mount(given)
     copy = tmp_path / "copy"
     shutil.copytree(mnt / "files", copy)
-    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in expected)
+    assert sorted(p.name for p in copy.iterdir()) == sorted([p.name for p in expected] + ["sub"])
     for local in expected:
         assert (copy / local.name).read_bytes() == local.read_bytes()
+    assert (copy / "sub" / "x.json").read_bytes() == (given / "sub" / "x.json").read_bytes()

@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,17 +26,6 @@ from tests.support.commands import TENSORFS, run_tensorfs
 from tests.support.mounts import fuse_mounts_under
 from tests.support.shards import write_hf_shards
 from tests.support.users import needs_users
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory every user can enter (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="tensorfs-files-trust-"))
-    path.chmod(0o755)
-    yield path
-    for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount3", "-uz", mnt], check=False, capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _model(directory: Path) -> Path:

@@ -1,4 +1,4 @@
-"""What the libfuse 3 binding (tensorfs/mount/fuse3.py) promises, seen through real mounts:
+"""What the libfuse 3 binding (tensorfs/fuse/) promises, seen through real mounts:
 listings that span many readdir pages, attributes given with a listing, `-o` options it
 answers itself, the read-ahead window it sets, and errors it refuses with."""
 
@@ -114,7 +114,7 @@ def test_timeouts_and_always_on_options_are_accepted(tmp_path, mount):
 
 
 def test_every_listing_page_comes_with_attributes(tmp_path, mount):
-    # READDIRPLUS_AUTO off (tensorfs.mount.fuse3.Session._unset_want, a different field per libfuse
+    # READDIRPLUS_AUTO off (tensorfs.fuse.session.Session._unset_want, a different field per libfuse
     # version): with it on, the kernel asks for the pages after a listing's first without
     # attributes, and `find` then looks up every entry on them.
     path = tmp_path / "many.safetensors"

@@ -17,24 +17,27 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "tensorfs"
 
 # Lowest first: a layer may use every layer before it, never one after it.  Each folder of
-# tensorfs/ is one layer (``mount`` two: the tree it serves below the FUSE side that serves it).
+# tensorfs/ is one layer.
 LAYERS = [
-    "core",         # tensorfs/*.py: errors, the model's description, types, runtime, caches
+    "runtime",      # runtime/: the machine: runtime files, the mount table, private paths
+    "core",         # tensorfs/*.py: errors, the model's description, types, status, caches
+    "fuse",         # fuse/: the libfuse binding (ABI, loader, session, Operations, -o): core only
     "formats",      # formats/: the parsers, bytes in, a ModelFile out
     "convert",      # convert/: stored types to float32, each tensor's view plan, the workers
-    "editing",      # editing/: the edit store in DIR and the composer of an edited file
     "sources",      # sources/: where the bytes live: local files, URLs, transports, caches
+    "editing",      # editing/: the edit store in DIR and the composer of an edited file
+    #                 (a replacement's bytes are a ``Source``)
     "views",        # views/: byte views of a source, and the naming rule that places them
     "loading",      # loading/: a model loaded: its shards, its files whole
     "api",          # api.py: the Python API
     "facts",        # facts/: hash, stats, diff
-    "tree",         # mount/: what a mount serves: the tree, metadata.json, metadata/, edits
-    "fuse",         # mount/: the FUSE binding, its Operations, the adapter, the daemon
+    "mount",        # mount/: what a mount serves (tree, metadata, edits), its adapter, the daemon
     "cli",          # cli/: the command line
 ]
 
 MODULE_LAYERS = {
     "tensorfs": "core",
+    "tensorfs.runtime": "runtime",
     "tensorfs.formats": "formats",
     "tensorfs.convert": "convert",
     "tensorfs.editing": "editing",
@@ -43,12 +46,8 @@ MODULE_LAYERS = {
     "tensorfs.loading": "loading",
     "tensorfs.api": "api",
     "tensorfs.facts": "facts",
-    "tensorfs.mount": "tree",
-    "tensorfs.mount.options": "fuse",
-    "tensorfs.mount.fuse3": "fuse",
-    "tensorfs.mount.operations": "fuse",
-    "tensorfs.mount.adapter": "fuse",
-    "tensorfs.mount.daemon": "fuse",
+    "tensorfs.fuse": "fuse",
+    "tensorfs.mount": "mount",
     "tensorfs.cli": "cli",
     "tensorfs.__main__": "cli",
 }
@@ -146,19 +145,25 @@ def test_no_module_imports_a_layer_above_its_own():
 
 @pytest.mark.parametrize("module, expected", [("tensorfs.sources.transports.hub", "sources"),
                                               ("tensorfs.convert.ggml", "convert"),
-                                              ("tensorfs.mount.adapter", "fuse")])
+                                              ("tensorfs.mount.adapter", "mount"),
+                                              ("tensorfs.fuse.session", "fuse")])
 def test_a_module_is_placed_by_its_longest_prefix(module, expected):
     assert layer_of(module) == expected
 
 
 def test_the_checks_see_a_cycle_and_an_upward_import():
     """The checks themselves: a graph with a cycle, and the real graph with an import of
-    the FUSE layer added to the lowest source module."""
+    the mount layer added to the lowest source module, and one of the tree added to the
+    binding."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     graph = import_graph()
-    assert graph["tensorfs.mount.adapter"] >= {"tensorfs.mount.fuse3", "tensorfs.views.names"}
+    assert graph["tensorfs.mount.adapter"] >= {"tensorfs.fuse.session", "tensorfs.views.names"}
     rank = {layer: i for i, layer in enumerate(LAYERS)}
     graph["tensorfs.sources.local"].add("tensorfs.mount.adapter")
+    assert any(rank[layer_of(d)] > rank[layer_of(m)] for m, imported in graph.items()
+               for d in imported)
+    graph = import_graph()
+    graph["tensorfs.fuse.session"].add("tensorfs.views.names")
     assert any(rank[layer_of(d)] > rank[layer_of(m)] for m, imported in graph.items()
                for d in imported)
 

@@ -1,4 +1,4 @@
-"""The binding (tensorfs/mount/fuse3.py) against each libfuse 3 that users run, not only the one
+"""The binding (tensorfs/fuse/) against each libfuse 3 that users run, not only the one
 installed: upstream 3.10.5 (Ubuntu 22.04), 3.17.2 (Debian 13; the first libfuse3.so.4) and
 3.18.2 (Ubuntu 26.04, Fedora 44), built from the tarballs in ../shared/libfuse/ with its
 build.sh (cached under build/libfuse/), and a directory holding nothing but a libfuse3.so.4.

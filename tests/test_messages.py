@@ -33,10 +33,10 @@ def _legacy_pickle(protocol):
 
 CASES = {
     "empty": (lambda p: p.write_bytes(b""), "model.safetensors", ["the file is empty"]),
-    "torch-zip": (_torch_zip, "pytorch_model.bin", ["zip archive", "PyTorch",
-                                                    "reads safetensors and GGUF"]),
-    **{f"pickle-{n}": (_legacy_pickle(n), "model.pt", ["Python pickle", "PyTorch",
-                                                       "reads safetensors and GGUF"])
+    # a torch.save zip is read (docs/pytorch.md); this one holds no tensor
+    "torch-zip": (_torch_zip, "pytorch_model.bin", ["PyTorch checkpoint", "no tensor"]),
+    **{f"pickle-{n}": (_legacy_pickle(n), "model.pt", ["Python pickle", "torch.save",
+                                                       "does not run pickles"])
        for n in (2, 3, 4, 5)},
     "config.json": (lambda p: p.write_text(json.dumps(
         {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000})),

@@ -1,4 +1,4 @@
-"""The ``-o`` allow-list (tensorfs/mount/options.py, docs/cli.md): parsed once into one typed
+"""The ``-o`` allow-list (tensorfs/fuse/options.py, docs/cli.md): parsed once into one typed
 value, every allowed option mounts on the libfuse in use (tests/test_libfuse_matrix.py runs
 this file against 3.10.5, 3.17.2 and 3.18.2), and what the kernel shows is what was asked."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tensorfs.mount import options as mountoptions
-from tensorfs.mount.options import MAX_READ_LIMIT, MountOptions, OptionError, parse
+from tensorfs.fuse import options as mountoptions
+from tensorfs.fuse.options import MAX_READ_LIMIT, MountOptions, OptionError, parse
 from tests.support.models import write_safetensors
 
 IS_ROOT = os.geteuid() == 0

@@ -110,7 +110,7 @@ def mnt(tmp_path):
     path.mkdir()
     yield path
     if fuse_mounts_under(path):
-        from tensorfs.mount.daemon import daemon_pid
+        from tensorfs.cli.daemon import daemon_pid
 
         pid = daemon_pid(str(path))
         if pid is not None:
@@ -327,8 +327,9 @@ def _ask_sha256(path, outcome: dict) -> None:
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "unmount", "unmount --lazy"])
 def test_the_mount_ends_at_once_while_a_large_tensor_is_hashed(tmp_path, mnt, how):
     """The review's case: the sha256 of a 32 GiB tensor is being computed (a minute of CPU
-    here) when the mount is told to end.  The hash is cancelled: the daemon is gone within
-    the wait's bound, the asker was answered, the mount point is clean."""
+    here), its asker waiting for it, when the mount is told to end.  The hash is cancelled:
+    the asker is answered (ECANCELED), the daemon is gone within the wait's bound, the mount
+    point is clean."""
     model = tmp_path / "huge.safetensors"
     write_sparse_safetensors(model, {"t": 32 << 30})
     log = tmp_path / "daemon.log"
@@ -337,9 +338,14 @@ def test_the_mount_ends_at_once_while_a_large_tensor_is_hashed(tmp_path, mnt, ho
     outcome: dict = {}
     asker = threading.Thread(target=_ask_sha256, args=(mnt / "t", outcome))
     asker.start()
-    asker.join(5)           # answered at once; were it held for the whole hash, end it now
-    if not asker.is_alive():
-        assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
+    assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
+    assert asker.is_alive(), outcome            # waiting for the value
+    if how == "unmount":
+        # the asker is in the mount, as a cwd would be: busy, and nothing changes
+        result = run_tensorfs("unmount", mnt)
+        assert result.returncode == 1 and "busy" in result.stderr, result.stderr
+        assert asker.is_alive() and alive(pid)
+        how = "unmount --lazy"
     if how.startswith("unmount"):
         result = run_tensorfs(*how.split(), mnt)
         assert result.returncode == 0, result.stderr
@@ -348,7 +354,7 @@ def test_the_mount_ends_at_once_while_a_large_tensor_is_hashed(tmp_path, mnt, ho
     assert wait_for(lambda: not alive(pid), 20), "the daemon went on hashing"
     asker.join(20)
     assert not asker.is_alive()
-    assert outcome == {"errno": errno.EAGAIN}
+    assert outcome == {"errno": errno.ECANCELED}
     assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
     _clean(mnt)
 
@@ -386,11 +392,13 @@ def test_ctrl_c_on_a_foreground_mount_while_a_large_tensor_is_hashed(tmp_path, m
     try:
         assert wait_for(lambda: log.exists() and "serving" in log.read_text(), 30)
         outcome: dict = {}
-        _ask_sha256(mnt / "t", outcome)
-        assert outcome == {"errno": errno.EAGAIN}
+        asker = threading.Thread(target=_ask_sha256, args=(mnt / "t", outcome))
+        asker.start()
         assert wait_for(lambda: "sha256 of tensor 't': started" in log.read_text(), 30)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+        asker.join(20)
+        assert outcome == {"errno": errno.ECANCELED}
         assert "sha256 of tensor 't': cancelled (the mount is ending)" in log.read_text()
         _clean(mnt)
     finally:

@@ -1,4 +1,4 @@
-"""Every C structure tensorfs/mount/fuse3.py declares with ctypes has the size, field offsets and
+"""Every C structure tensorfs/fuse/abi.py declares with ctypes has the size, field offsets and
 field sizes the C compiler gives it, for this machine's C library and the libfuse 3 headers:
 the installed ones (libfuse3-dev, which `make test` installs), and 3.10.5, 3.17.2 and 3.18.2
 from the tarballs in ../shared/libfuse/ where they are.  A wrong offset would not fail
@@ -13,22 +13,22 @@ import tarfile
 
 import pytest
 
-from tensorfs.mount import fuse3
+from tensorfs.fuse import abi
 from tests.support.libfuse import SOURCES
 
 # ctypes structure -> its C type; a ctypes field is the C member of the same name, and those
 # starting with "_" are padding or bit fields, which C does not name.
 STRUCTS = {
-    fuse3.Timespec: "struct timespec",
-    fuse3.Stat: "struct stat",
-    fuse3.EntryParam: "struct fuse_entry_param",
-    fuse3.Statvfs: "struct statvfs",
-    fuse3.ConnInfo: "struct fuse_conn_info",
-    fuse3.FuseArgs: "struct fuse_args",
-    fuse3._LoopConfig32: "struct fuse_loop_config",   # as FUSE_USE_VERSION 31 sees it
-    fuse3.FileInfo: "struct fuse_file_info",
-    fuse3.FuseBuf: "struct fuse_buf",
-    fuse3.FuseBufvec: "struct fuse_bufvec",
+    abi.Timespec: "struct timespec",
+    abi.Stat: "struct stat",
+    abi.EntryParam: "struct fuse_entry_param",
+    abi.Statvfs: "struct statvfs",
+    abi.ConnInfo: "struct fuse_conn_info",
+    abi.FuseArgs: "struct fuse_args",
+    abi.LoopConfig32: "struct fuse_loop_config",   # as FUSE_USE_VERSION 31 sees it
+    abi.FileInfo: "struct fuse_file_info",
+    abi.FuseBuf: "struct fuse_buf",
+    abi.FuseBufvec: "struct fuse_bufvec",
 }
 # Members the headers have only from some version on: (C type, member) -> minimum FUSE_VERSION.
 SINCE = {("struct fuse_conn_info", name): 317
@@ -41,15 +41,15 @@ SINCE.update({("struct fuse_file_info", "backing_id"): 317,
 GREW_IN_317 = {"struct fuse_file_info", "struct fuse_buf", "struct fuse_bufvec"}
 # Bit fields of struct fuse_file_info written through FileInfo._bits: C sets each alone in
 # a zeroed struct, and the word after ``flags`` must be the mask tensorfs uses.
-FILE_INFO_BITS = {"keep_cache": fuse3.FI_KEEP_CACHE, "noflush": fuse3.FI_NOFLUSH}
+FILE_INFO_BITS = {"keep_cache": abi.FI_KEEP_CACHE, "noflush": abi.FI_NOFLUSH}
 BITS_SINCE = {"noflush": 312}
 # Constants tensorfs copies from fuse_common.h: (C expression, value, since FUSE_VERSION).
-CONSTANTS = {"FUSE_CAP_SPLICE_WRITE": (fuse3.FUSE_CAP_SPLICE_WRITE, 0),
-             "FUSE_CAP_READDIRPLUS_AUTO": (fuse3.FUSE_CAP_READDIRPLUS_AUTO, 0),
-             "FUSE_CAP_PASSTHROUGH": (fuse3.FUSE_CAP_PASSTHROUGH, 317),
-             "FUSE_BUF_IS_FD": (fuse3.FUSE_BUF_IS_FD, 0),
-             "FUSE_BUF_FD_SEEK": (fuse3.FUSE_BUF_FD_SEEK, 0),
-             "FUSE_BACKING_STACKED_OVER": (fuse3.BACKING_STACKED_OVER, 317)}
+CONSTANTS = {"FUSE_CAP_SPLICE_WRITE": (abi.FUSE_CAP_SPLICE_WRITE, 0),
+             "FUSE_CAP_READDIRPLUS_AUTO": (abi.FUSE_CAP_READDIRPLUS_AUTO, 0),
+             "FUSE_CAP_PASSTHROUGH": (abi.FUSE_CAP_PASSTHROUGH, 317),
+             "FUSE_BUF_IS_FD": (abi.FUSE_BUF_IS_FD, 0),
+             "FUSE_BUF_FD_SEEK": (abi.FUSE_BUF_FD_SEEK, 0),
+             "FUSE_BACKING_STACKED_OVER": (abi.BACKING_STACKED_OVER, 317)}
 
 
 def _program() -> str:
@@ -70,7 +70,7 @@ def _program() -> str:
             lines.append(f"M({ctype}, {name})")
             if since:
                 lines.append("#endif")
-    for name in fuse3.OPS_SLOTS:
+    for name in abi.OPS_SLOTS:
         lines.append(f"M(struct fuse_lowlevel_ops, {name})")
     for name in FILE_INFO_BITS:
         since = BITS_SINCE.get(name, 0)
@@ -121,7 +121,7 @@ def _check(layout: dict) -> None:
         if version >= since:
             assert layout[f"const.{name}"] == (value,), name
     pointer = ctypes.sizeof(ctypes.c_void_p)
-    for index, name in enumerate(fuse3.OPS_SLOTS):
+    for index, name in enumerate(abi.OPS_SLOTS):
         assert layout[f"struct fuse_lowlevel_ops.{name}"] == (index * pointer, pointer), name
 
 

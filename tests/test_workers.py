@@ -8,15 +8,11 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
 import signal
 import struct
-import subprocess
-import tempfile
 import termios
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -282,17 +278,6 @@ def test_more_workers_than_the_machine_can_use_is_one_usage_line(model, tmp_path
     result = run_tensorfs("mount", path, mnt, "--workers", str(most))
     assert result.returncode == 0, result.stderr
     assert run_tensorfs("unmount", mnt).returncode == 0
-
-
-@pytest.fixture
-def shared_dir():
-    """A directory every user can read (pytest's tmp_path is root's 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="tensorfs-workers-"))
-    path.chmod(0o755)
-    yield path
-    for mnt in fuse_mounts_under(path):
-        subprocess.run(["fusermount", "-uz", mnt], capture_output=True, check=False)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @needs_users

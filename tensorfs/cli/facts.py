@@ -1,6 +1,6 @@
 """The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (docs/cli.md), and
 their exit statuses: ``hash`` and ``stats`` exit 1 on any failure, ``diff`` 2 (0 and 1 say
-whether the models differ, as diff(1)'s do).  ``tensorfs.cli.main`` registers them here, so that
+whether the models differ, as diff(1)'s do).  ``tensorfs.cli.parser`` registers them here, so that
 it imports none of their work (numpy) for its other commands."""
 
 from __future__ import annotations
@@ -83,14 +83,15 @@ def usage_problem(args) -> str | None:
 
 def main(args, say_error, debug: bool) -> int:
     """Run a fact command; its exit status.  A failure is said in one line by
-    ``say_error`` (``tensorfs.cli.main``'s) and exits 1, or 2 for ``diff``; a bad command line
+    ``say_error`` (``tensorfs.cli.errors``'s) and exits 1, or 2 for ``diff``; a bad command line
     exits 2."""
     # The work runs in our own threads, one per core; OpenBLAS's threads (numpy.dot) would
     # fight them: a dot of 1 Mi float64 took 10 ms with them on a loaded 2-CPU machine,
-    # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts.common imports it.
+    # 0.15 ms with one.  Only heard before numpy is first imported: tensorfs.facts.models
+    # imports it (through tensorfs.api).
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(variable, "1")
-    from tensorfs.facts.common import FactsError  # numpy: after the variables above
+    from tensorfs.facts.models import FactsError  # numpy: after the variables above
 
     problem = usage_problem(args)
     if problem is not None:

@@ -12,12 +12,14 @@ type and value, then one row per tensor.  Two promises hold whatever the file ho
   widening every other row), long strings are cut, and an array shows its first
   ``ARRAY_HEAD`` elements.
 
-``--json`` is not made here: it is exactly metadata.json (``tensorfs.mount.metadata_json``).
+``cmd_inspect`` is the command: the model's headers read (nothing else), then this report or,
+with ``--json``, metadata.json as a mount would serve it (``tensorfs.mount.metadata_json``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Iterator, TextIO
 
 from tensorfs.errors import plural
@@ -168,3 +170,25 @@ def write_report(model: Model, out: TextIO) -> None:
                 out.write("\n")
             out.write(line + "\n")
             started = True
+
+
+def cmd_inspect(args) -> int:
+    from tensorfs.cli.models import no_gc_while_building, settings_of
+    from tensorfs.loading.loader import load_model
+
+    with no_gc_while_building():
+        model = load_model(args.model, settings_of(args, None))
+        model.close()                   # headers only: nothing more is read
+    if args.json:
+        from tensorfs.mount.metadata_json import metadata_json_pieces
+        from tensorfs.mount.tree import describe
+
+        paths, plans = describe(model)
+        sys.stdout.flush()
+        for piece in metadata_json_pieces(model, paths, plans):     # never one string
+            sys.stdout.buffer.write(piece)
+        sys.stdout.buffer.flush()
+        return 0
+    write_report(model, sys.stdout)
+    sys.stdout.flush()
+    return 0

@@ -16,7 +16,7 @@ from tensorfs.model import TensorInfo
 class ViewPlan:
     kind: str | None              # "native" | "converted" | None (raw file only)
     npy_dtype: str | None         # the .npy view's dtype, None when there is no view
-    conversion: object = None     # tensorfs.convert.Conversion for "converted"
+    conversion: convert.Conversion = None     # for "converted"
     reason: str | None = None     # why there is no view
 
 

@@ -1,5 +1,5 @@
 """Conversion worker processes: costly conversions (block quants, gguf-py's long tail) on
-every core, not on one core at a time behind the GIL (docs/serving.md, "The worker pool").
+every core, not on one core at a time behind the GIL (docs/workers.md).
 
 The pool owns its chunk slots.  A caller asks ``pool.convert(conversion, fill_input,
 in_bytes, out_bytes)`` and gets back a finished ``PoolChunk`` (its float32 values in an
@@ -56,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 log = logging.getLogger("tensorfs")
 
@@ -622,8 +623,9 @@ def worker_main(argv: list[str]) -> int:
     import numpy as np
 
     from tensorfs.convert import conversion_from_spec
+    from tensorfs.convert.blocks import convert_blocks
 
-    conversions: dict[bytes, object] = {}
+    conversions: dict[bytes, Any] = {}      # tensorfs.convert.Conversion
     try:
         sock.send(b"ready")
     except OSError:
@@ -645,7 +647,7 @@ def worker_main(argv: list[str]) -> int:
                 raise ValueError("task outside the arena")
             raw = np.frombuffer(arena, dtype=np.uint8, count=in_bytes, offset=in_off)
             out = np.frombuffer(arena, dtype=np.float32, count=out_bytes // 4, offset=out_off)
-            conversion.convert(raw, out=out)
+            convert_blocks(conversion, raw, out)
             del raw, out
             answer = b"ok"
         except Exception as error:

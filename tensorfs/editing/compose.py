@@ -25,16 +25,15 @@ import json
 import struct
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
+if TYPE_CHECKING:              # numpy is imported by an edit that needs it, not with a mount
+    import numpy as np
 
-from tensorfs.dtypes import GGUF_ARRAY, GGUF_STRING, GGUF_VALUE_TYPES
 from tensorfs.editing.store import EditState
+from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
+from tensorfs.formats.gguf_write import ValueWriter, check_alignment, check_tensor_name
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
-
-_TYPE_IDS = {name: tid for tid, (name, _, _) in GGUF_VALUE_TYPES.items()}
-DEFAULT_ALIGNMENT = 32
 
 
 class EditError(ValueError):
@@ -42,60 +41,75 @@ class EditError(ValueError):
 
 
 class Piece(NamedTuple):
+    """Bytes of the data part: ``length`` bytes at ``start`` (from the data's start), read
+    from ``reader`` (a source or a store's data file) at ``at``."""
     start: int
     length: int
-    read_into: Callable      # (offset in the piece, buf) -> n
+    reader: object
+    at: int
 
 
-def _bytes_piece(start: int, data: bytes) -> Piece:
-    view = memoryview(data)
-
-    def read_into(offset, buf):
-        part = view[offset:offset + len(buf)]
-        buf[:len(part)] = part
-        return len(part)
-    return Piece(start, len(data), read_into)
-
-
-def _zeros_piece(start: int, length: int) -> Piece:
-    def read_into(offset, buf):
-        n = min(len(buf), length - offset)
-        buf[:n] = bytes(n)
-        return n
-    return Piece(start, length, read_into)
-
-
-def _range_piece(start: int, length: int, source, at: int) -> Piece:
-    def read_into(offset, buf):
-        return source.read_into(at + offset, buf)
-    return Piece(start, length, read_into)
+class Layout(NamedTuple):
+    """The data part of a composed file, which a metadata edit leaves as it is: the tensors
+    kept with their offsets from the data's start, their pieces, the data's size, and (GGUF)
+    the tensor infos' bytes."""
+    placed: list            # [(TensorInfo with its name now, offset from the data's start)]
+    pieces: list            # [Piece], by start; the gaps between them are zeros
+    starts: list
+    size: int
+    info: bytes
 
 
 class ComposedFile:
-    """The bytes of an edited file: ``size``, ``read_into(offset, buf)``, ``read``."""
+    """The bytes of an edited file: ``head`` (the header built here), zeros up to
+    ``data_offset``, then the data ``layout``; ``size``, ``read_into(offset, buf)``,
+    ``read``; ``model_file``, its description, made when first asked."""
 
-    def __init__(self, pieces: list[Piece], model_file: ModelFile):
-        self.pieces = [p for p in pieces if p.length > 0]
-        self._starts = [p.start for p in self.pieces]
-        last = self.pieces[-1] if self.pieces else None
-        self.size = last.start + last.length if last else 0
-        self.model_file = model_file
+    def __init__(self, head: bytes, data_offset: int, layout: Layout,
+                 describe: Callable[[], ModelFile]):
+        self.head = memoryview(head)
+        self.data_offset = data_offset
+        self.layout = layout
+        self.size = data_offset + layout.size
+        self._describe = describe
+        self._model_file: ModelFile | None = None
+
+    @property
+    def model_file(self) -> ModelFile:
+        if self._model_file is None:
+            self._model_file = self._describe()
+        return self._model_file
 
     def read_into(self, offset: int, buf) -> int:
         total = 0
         want = min(len(buf), max(0, self.size - offset))
-        i = bisect.bisect_right(self._starts, offset) - 1
+        layout = self.layout
         while total < want:
-            piece = self.pieces[i]
-            inside = offset + total - piece.start
+            pos = offset + total
+            if pos < self.data_offset:
+                n = min(want - total, self.data_offset - pos)
+                part = self.head[pos:pos + n]
+                buf[total:total + len(part)] = part
+                buf[total + len(part):total + n] = bytes(n - len(part))
+                total += n
+                continue
+            rel = pos - self.data_offset
+            i = bisect.bisect_right(layout.starts, rel) - 1
+            piece = layout.pieces[i] if i >= 0 else None
+            if piece is None or rel >= piece.start + piece.length:        # padding
+                end = layout.starts[i + 1] if i + 1 < len(layout.starts) else layout.size
+                n = min(want - total, end - rel)
+                buf[total:total + n] = bytes(n)
+                total += n
+                continue
+            inside = rel - piece.start
             n = min(piece.length - inside, want - total)
-            got = piece.read_into(inside, buf[total:total + n])
+            got = piece.reader.read_into(piece.at + inside, buf[total:total + n])
             if got <= 0:
                 break
             total += got
             if got < n:
                 break
-            i += 1
         return total
 
     def read(self, offset: int, size: int) -> bytes:
@@ -129,7 +143,7 @@ def edited_metadata(metadata, state: EditState) -> dict:
 def edited_tensors(tensors, state: EditState) -> list[tuple[TensorInfo, object]]:
     """(tensor with its name now, replacement data name or None) of every tensor kept, in
     the model's order."""
-    out = []
+    out: list[tuple[TensorInfo, object]] = []
     for t in tensors:
         edit = state.tensors.get(t.name)
         if edit is None:
@@ -141,202 +155,184 @@ def edited_tensors(tensors, state: EditState) -> list[tuple[TensorInfo, object]]
 
 # -- GGUF ------------------------------------------------------------------------------------
 
-class _Encoder:
-    def __init__(self, order: str, v1: bool):
-        self.order = order
-        self.len_code = "I" if v1 else "Q"
-
-    def u32(self, n: int) -> bytes:
-        return struct.pack(self.order + "I", n)
-
-    def length(self, n: int) -> bytes:
-        return struct.pack(self.order + self.len_code, n)
-
-    def string(self, text: str) -> bytes:
-        try:
-            data = text.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            data = text.encode("utf-8", "surrogatepass")
-        return self.length(len(data)) + data
-
-    def scalar(self, type_name: str, value) -> bytes:
-        tid = _TYPE_IDS[type_name]
-        if type_name == "string":
-            return self.string(value)
-        fmt = GGUF_VALUE_TYPES[tid][1]
-        if isinstance(value, str):                  # "nan", "inf", "-inf"
-            value = float(value)
-        return struct.pack(self.order + fmt, value)
-
-    def array_body(self, type_name: str, items) -> bytes:
-        inner = type_name[len("array["):-1]
-        if inner.startswith("array"):
-            parts = [self.u32(GGUF_ARRAY), self.length(len(items))]
-            parts += [self.array_body(inner, x) for x in items]
-            return b"".join(parts)
-        if inner not in _TYPE_IDS or inner == "array":
-            raise EditError(f"an {type_name} cannot be written")
-        return b"".join([self.u32(_TYPE_IDS[inner]), self.length(len(items))]
-                        + [self.scalar(inner, x) for x in items])
-
-    def value(self, type_name: str, value) -> bytes:
-        """The value type id and the value, as stored after a key."""
-        if type_name.startswith("array"):
-            return self.u32(GGUF_ARRAY) + self.array_body(type_name, value)
-        if type_name not in _TYPE_IDS:
-            raise EditError(f"values of type {type_name} cannot be written")
-        return self.u32(_TYPE_IDS[type_name]) + self.scalar(type_name, value)
-
-
-def _skip_value(buf: bytes, pos: int, type_id: int, order: str, v1: bool) -> int:
-    step = 4 if v1 else 8
-    length = struct.Struct(order + ("I" if v1 else "Q")).unpack_from
-    if type_id == GGUF_STRING:
-        return pos + step + length(buf, pos)[0]
-    if type_id == GGUF_ARRAY:
-        elem = struct.unpack_from(order + "I", buf, pos)[0]
-        n = length(buf, pos + 4)[0]
-        pos += 4 + step
-        if elem == GGUF_STRING:
-            for _ in range(n):
-                pos += step + length(buf, pos)[0]
-            return pos
-        if elem == GGUF_ARRAY:
-            for _ in range(n):
-                pos = _skip_value(buf, pos, GGUF_ARRAY, order, v1)
-            return pos
-        return pos + n * GGUF_VALUE_TYPES[elem][2]
-    return pos + GGUF_VALUE_TYPES[type_id][2]
-
-
-def gguf_kv_spans(header: bytes, model_file: ModelFile) -> tuple[dict[str, tuple[int, int]], int]:
-    """key -> (start, end) of its whole entry (key, type, value) in ``header``, and where
-    the entries end; ``header`` was validated by the parser, so nothing is checked again."""
-    order = "<" if model_file.endianness == "little" else ">"
-    v1 = model_file.version == 1
-    step = 4 if v1 else 8
-    length = struct.Struct(order + ("I" if v1 else "Q")).unpack_from
-    pos = 8 + 2 * step
-    spans = {}
-    for _ in range(len(model_file.metadata)):
-        start = pos
-        n = length(header, pos)[0]
-        key = header[pos + step:pos + step + n].decode("utf-8")
-        pos += step + n
-        type_id = struct.unpack_from(order + "I", header, pos)[0]
-        pos = _skip_value(header, pos + 4, type_id, order, v1)
-        spans[key] = (start, pos)
-    return spans, pos
-
-
-def _alignment(metadata: dict) -> int:
-    value = metadata.get("general.alignment")
-    if value is None:
+def _alignment(model_file: ModelFile, state: EditState) -> int:
+    """The edited file's ``general.alignment``: the model's (the parser accepted it) unless
+    an edit sets it, checked then (a power of two, at most ``MAX_ALIGNMENT``)."""
+    if "general.alignment" not in state.metadata:
+        return model_file.alignment or DEFAULT_ALIGNMENT
+    edit = state.metadata["general.alignment"]
+    if edit is None:
         return DEFAULT_ALIGNMENT
-    alignment = value.value()
-    if value.type_name != "uint32" or not isinstance(alignment, int) or alignment <= 0 \
-            or alignment & (alignment - 1):
-        raise EditError("general.alignment must be a uint32 power of two")
-    return alignment
+    if edit[0] != "uint32":
+        raise EditError(f"general.alignment must be a uint32, not a {edit[0]}")
+    try:
+        return check_alignment(edit[1])
+    except ValueError as error:
+        raise EditError(str(error)) from None
+
+
+def _check_edits(model_file: ModelFile, state: EditState) -> None:
+    """The names and keys an edit gives: what the format and its readers accept."""
+    for key, typed in state.metadata.items():
+        if not isinstance(key, str) or not key or "\0" in key:
+            raise EditError(f"metadata key {key!r}: a key is a non-empty string without NUL")
+        if model_file.format == "safetensors" and typed is not None \
+                and (typed[0] != "string" or not isinstance(typed[1], str)):
+            raise EditError(f"safetensors metadata holds strings only, not {typed[0]} ({key!r})")
+    for original, edit in state.tensors.items():
+        if edit.name is None or edit.name == original:
+            continue
+        if model_file.format == "gguf":
+            try:
+                check_tensor_name(edit.name)
+            except ValueError as error:
+                raise EditError(str(error)) from None
+        elif not isinstance(edit.name, str) or not edit.name or "\0" in edit.name \
+                or edit.name == "__metadata__":
+            raise EditError(f"{edit.name!r} cannot name a safetensors tensor (empty, a NUL, or "
+                            "the header's __metadata__)")
 
 
 def _pad(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
-def compose_gguf(model_file: ModelFile, header: bytes, source, state: EditState,
-                 data: Callable) -> ComposedFile:
-    """``header``: the file's first ``header_size`` bytes; ``data(name)``: a replacement's
-    bytes (``read_into``)."""
-    order = "<" if model_file.endianness == "little" else ">"
-    v1 = model_file.version == 1
-    enc = _Encoder(order, v1)
-    metadata = edited_metadata(model_file.metadata, state)
-    alignment = _alignment(metadata)
-    tensors = edited_tensors(model_file.tensors, state)
-    spans, _ = gguf_kv_spans(header, model_file)
+class Composer:
+    """One model file composed again at each edit, redoing only what the edit changed: the
+    data layout (tensor infos, pieces) is kept while the tensor edits and the alignment
+    stay (a metadata edit), a new value's bytes while the value stays, and the model's
+    own entries are copied from its header as they are -- an edit costs in proportion to
+    the edit and the header, not to the tensors (20,000 of them) nor to the edits before.
+    ``data(name)``: a replacement's bytes (``read_into``)."""
 
-    out = bytearray(header[:8])
-    out += enc.length(len(tensors)) + enc.length(len(metadata))
-    for key, value in metadata.items():
-        edit = state.metadata.get(key)
-        if edit is None and key in spans:
-            start, end = spans[key]
-            out += header[start:end]
-        else:
-            out += enc.string(key) + enc.value(value.type_name, value.value())
-    offsets = []
-    rel = 0
-    for t, _ in tensors:
-        offsets.append(rel)
-        rel = _pad(rel + t.nbytes, alignment)
-    for (t, _), at in zip(tensors, offsets):
-        ne = t.shape[::-1]
-        out += enc.string(t.name) + enc.u32(len(ne))
-        out += b"".join(enc.length(d) for d in ne)
-        out += enc.u32(t.ggml_type) + struct.pack(order + "Q", at)
-    data_offset = _pad(len(out), alignment)
-    pieces = [_bytes_piece(0, bytes(out)), _zeros_piece(len(out), data_offset - len(out))]
-    new_tensors = []
-    for (t, replacement), at in zip(tensors, offsets):
-        start = data_offset + at
-        if replacement is None:
-            pieces.append(_range_piece(start, t.nbytes, source, t.offset))
-        else:
-            pieces.append(_range_piece(start, t.nbytes, data(replacement), 0))
-        padded = _pad(t.nbytes, alignment)
-        pieces.append(_zeros_piece(start + t.nbytes, padded - t.nbytes))
-        new_tensors.append(t._replace(offset=start))
-    end = data_offset + rel
-    edited = replace(model_file, metadata=metadata, tensors=tuple(new_tensors),
-                     alignment=alignment, header_size=data_offset, file_size=end)
-    return ComposedFile(pieces, edited)
+    def __init__(self, model_file: ModelFile, header: bytes, source, data: Callable):
+        self.model_file = model_file
+        self.header = header
+        self.source = source
+        self.data = data
+        self.order = "<" if model_file.endianness == "little" else ">"
+        self._layout: tuple | None = None       # (tensors dict, alignment, Layout)
+        self._entries: dict = {}                # key -> (typed, its entry's bytes)
+        if model_file.format == "gguf":
+            self._writer = ValueWriter(self.order, model_file.version == 1)
+            self._spans = kv_spans(header, model_file)[0]
 
+    def compose(self, state: EditState) -> ComposedFile:
+        _check_edits(self.model_file, state)
+        if self.model_file.format == "gguf":
+            return self._gguf(state)
+        return self._safetensors(state)
 
-# -- safetensors -----------------------------------------------------------------------------
+    def _kept_layout(self, state: EditState, alignment: int, build: Callable) -> Layout:
+        kept = self._layout
+        if kept is not None and kept[0] is state.tensors and kept[1] == alignment:
+            return kept[2]
+        layout = build(state, alignment)
+        self._layout = (state.tensors, alignment, layout)
+        return layout
 
-def compose_safetensors(model_file: ModelFile, header: bytes, source, state: EditState,
-                        data: Callable) -> ComposedFile:
-    metadata = edited_metadata(model_file.metadata, state)
-    for key, value in metadata.items():
-        if value.type_name != "string":
-            raise EditError(f"safetensors metadata holds strings only, not {value.type_name} "
-                            f"({key!r})")
-    tensors = sorted(edited_tensors(model_file.tensors, state), key=lambda x: x[0].offset)
-    doc: dict = {}
-    if metadata:
-        doc["__metadata__"] = {k: v.value() for k, v in metadata.items()}
-    at = 0
-    for t, _ in tensors:
-        doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [at, at + t.nbytes]}
-        at += t.nbytes
-    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    raw = text.encode("utf-8", "surrogatepass")
-    raw += b" " * (-len(raw) % 8)
-    head = struct.pack("<Q", len(raw)) + raw
-    pieces = [_bytes_piece(0, head)]
-    new_tensors = []
-    at = len(head)
-    for t, replacement in tensors:
-        if replacement is None:
-            pieces.append(_range_piece(at, t.nbytes, source, t.offset))
-        else:
-            pieces.append(_range_piece(at, t.nbytes, data(replacement), 0))
-        new_tensors.append(t._replace(offset=at))
-        at += t.nbytes
-    order = {t.name: i for i, (t, _) in enumerate(edited_tensors(model_file.tensors, state))}
-    new_tensors.sort(key=lambda t: order[t.name])
-    edited = replace(model_file, metadata=metadata, tensors=tuple(new_tensors),
-                     header_size=len(head), file_size=at)
-    return ComposedFile(pieces, edited)
+    # -- GGUF ------------------------------------------------------------------------------
+    def _gguf_layout(self, state: EditState, alignment: int) -> Layout:
+        enc = self._writer
+        placed, pieces, infos = [], [], []
+        rel = 0
+        for t, replacement in edited_tensors(self.model_file.tensors, state):
+            placed.append((t, rel))
+            ne = t.shape[::-1]
+            infos += [enc.string(t.name), enc.u32(len(ne)), *(enc.length(d) for d in ne),
+                      enc.u32(t.ggml_type or 0), struct.pack(self.order + "Q", rel)]
+            if t.nbytes:
+                reader, at = (self.source, t.offset) if replacement is None \
+                    else (self.data(replacement), 0)
+                pieces.append(Piece(rel, t.nbytes, reader, at))
+            rel = _pad(rel + t.nbytes, alignment)
+        return Layout(placed, pieces, [p.start for p in pieces], rel, b"".join(infos))
+
+    def _entry(self, key: str, typed) -> bytes:
+        kept = self._entries.get(key)
+        if kept is not None and kept[0] is typed:
+            return kept[1]
+        try:
+            entry = self._writer.string(key) + self._writer.value(*typed)
+        except ValueError as error:
+            raise EditError(f"metadata {key!r}: {error}") from None
+        self._entries[key] = (typed, entry)
+        return entry
+
+    def _gguf(self, state: EditState) -> ComposedFile:
+        model_file, header, spans, edits = self.model_file, self.header, self._spans, \
+            state.metadata
+        # the keys in order: the model's (not deleted), then the new ones; no value is made
+        # here but the edited ones' bytes (a MetadataValue per key is for ``describe``)
+        keys = [k for k in model_file.metadata if edits.get(k, 0) is not None]
+        keys += [k for k, e in edits.items() if e is not None and k not in model_file.metadata]
+        alignment = _alignment(model_file, state)
+        layout = self._kept_layout(state, alignment, self._gguf_layout)
+        out = [header[:8], self._writer.length(len(layout.placed)),
+               self._writer.length(len(keys))]
+        for key in keys:
+            edit = edits.get(key)
+            if edit is None:
+                start, end = spans[key]
+                out.append(header[start:end])
+            else:
+                out.append(self._entry(key, edit))
+        out.append(layout.info)
+        head = b"".join(out)
+        data_offset = _pad(len(head), alignment)
+
+        def describe() -> ModelFile:
+            metadata = edited_metadata(model_file.metadata, state)
+            tensors = tuple(t._replace(offset=data_offset + rel) for t, rel in layout.placed)
+            return replace(model_file, metadata=metadata, tensors=tensors, alignment=alignment,
+                           header_size=data_offset, file_size=data_offset + layout.size)
+        return ComposedFile(head, data_offset, layout, describe)
+
+    # -- safetensors -----------------------------------------------------------------------
+    def _safetensors_layout(self, state: EditState, alignment: int) -> Layout:
+        by_offset = sorted(edited_tensors(self.model_file.tensors, state),
+                           key=lambda x: x[0].offset)
+        doc, placed, pieces = {}, {}, []
+        at = 0
+        for t, replacement in by_offset:
+            doc[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
+                           "data_offsets": [at, at + t.nbytes]}
+            placed[t.name] = at
+            if t.nbytes:
+                reader, offset = (self.source, t.offset) if replacement is None \
+                    else (self.data(replacement), 0)
+                pieces.append(Piece(at, t.nbytes, reader, offset))
+            at += t.nbytes
+        in_order = [(t, placed[t.name]) for t, _ in edited_tensors(self.model_file.tensors, state)]
+        info = json.dumps(doc, separators=(",", ":"), ensure_ascii=False) \
+            .encode("utf-8", "surrogatepass")
+        return Layout(in_order, pieces, [p.start for p in pieces], at, info)
+
+    def _safetensors(self, state: EditState) -> ComposedFile:
+        model_file = self.model_file
+        metadata = edited_metadata(model_file.metadata, state)
+        layout = self._kept_layout(state, 1, self._safetensors_layout)
+        raw = layout.info
+        if metadata:
+            meta = json.dumps({"__metadata__": {k: v.value() for k, v in metadata.items()}},
+                              separators=(",", ":"), ensure_ascii=False) \
+                .encode("utf-8", "surrogatepass")
+            raw = meta if raw == b"{}" else meta[:-1] + b"," + raw[1:]
+        raw += b" " * (-len(raw) % 8)
+        head = struct.pack("<Q", len(raw)) + raw
+
+        def describe() -> ModelFile:
+            tensors = tuple(t._replace(offset=len(head) + rel) for t, rel in layout.placed)
+            return replace(model_file, metadata=metadata, tensors=tensors,
+                           header_size=len(head), file_size=len(head) + layout.size)
+        return ComposedFile(head, len(head), layout, describe)
 
 
 def compose(model_file: ModelFile, header: bytes, source, state: EditState,
             data: Callable) -> ComposedFile:
-    """The edited ``model_file``: its bytes and its description."""
-    if model_file.format == "gguf":
-        return compose_gguf(model_file, header, source, state, data)
-    return compose_safetensors(model_file, header, source, state, data)
+    """The edited ``model_file``: its bytes and its description (once; an editor keeps a
+    ``Composer`` per file)."""
+    return Composer(model_file, header, source, data).compose(state)
 
 
 # -- a tensor's new bytes from an array --------------------------------------------------------
@@ -344,6 +340,8 @@ def compose(model_file: ModelFile, header: bytes, source, state: EditState,
 def _bf16_bits(values) -> np.ndarray:
     """float32 -> bfloat16 bits, rounded to nearest even, NaN kept a quiet NaN (as torch
     and gguf-py round)."""
+    import numpy as np
+
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
@@ -354,6 +352,8 @@ def _bf16_bits(values) -> np.ndarray:
 def encode_array(tensor: TensorInfo, array) -> bytes:
     """``array`` stored as ``tensor`` is: same shape, the tensor's dtype and byte order
     (quantized where gguf-py quantizes the type).  ``EditError`` (one line) otherwise."""
+    import numpy as np
+
     from tensorfs.dtypes import native_numpy_dtype
 
     if tuple(array.shape) != tuple(tensor.shape):

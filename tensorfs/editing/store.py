@@ -8,10 +8,15 @@ holds a marker file; nothing outside it is ever listed, opened or removed.  In `
 
 - ``edits.json``, the journal: the source's identity (each file's format, size and the
   SHA-256 of its header), the metadata edits (key -> type and value, or deleted; new keys
-  in the order they were added) and the tensor edits (original name -> new name or removed,
-  and the file holding its new bytes).  It is replaced whole on every edit: written to a
-  temporary name, fsynced, renamed over, and the directory fsynced.  A daemon killed at any
-  moment leaves the old journal or the new one.
+  in the order they were added), the tensor edits (original name -> new name or removed,
+  and the file holding its new bytes), and the name of its log.  It is replaced whole
+  (written to a temporary name, fsynced, renamed over, the directory fsynced) when the log
+  has grown past the journal's own size (and 64 KiB): a daemon killed at any moment leaves
+  the old journal or the new one.
+- ``edits-*.log``, the log the journal names: one line of JSON per edit since the journal
+  was written (what the edit set and unset), appended and fsynced, so that an edit costs
+  in proportion to the edit, not to the edits before it.  A last line cut short (a daemon
+  killed while writing it: the edit was never answered) is dropped at the next mount.
 - ``data-*.bin``: a tensor's replacement bytes, one file per replacement, written the same
   way before the journal names it.  A file the journal does not name (a replacement
   superseded, or written by a daemon killed before its journal) is removed when the store
@@ -31,7 +36,10 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
+from tensorfs.runtime.claims import claim, release
+from tensorfs.runtime.files import write_file
+from tensorfs.runtime.paths import open_private_dir, open_private_subdir
+from tensorfs.sources.source import Source
 
 ROOT = "tensorfs-edits.v1"
 MARKER = "TENSORFS-EDITS"
@@ -39,6 +47,9 @@ MARKER_TEXT = b"tensorfs edits, format 1: every file here is tensorfs's own\n"
 JOURNAL = "edits.json"
 FORMAT = 1
 _DATA_NAME = re.compile(r"data-[0-9a-f]{32}\.bin")
+_LOG_NAME = re.compile(r"edits-[0-9a-f]{16}\.log")
+# The log is folded into the journal once it is larger than this and than the journal.
+LOG_FOLD = 64 << 10
 _TEMP_NAME = re.compile(r"\.(edits\.json|data-[0-9a-f]{32}\.bin)\.[0-9]+\.[0-9]+\.tmp")
 
 
@@ -87,6 +98,37 @@ class EditState:
             tensors[original] = edit
         return EditState(self.metadata, tensors)
 
+    def delta_to(self, new: EditState) -> dict | None:
+        """What turns this state into ``new``, as one log line holds it (``apply``); None
+        where a delta cannot say it (keys reordered): the journal is then written whole."""
+        unset = [k for k in self.metadata if k not in new.metadata]
+        changed = {k: v for k, v in new.metadata.items()
+                   if k not in self.metadata or self.metadata[k] != v}
+        tensors = {k: e for k, e in new.tensors.items() if self.tensors.get(k) != e}
+        untensors = [k for k in self.tensors if k not in new.tensors]
+        delta = {"unset": unset,
+                 **EditState(changed, tensors).to_json(), "untensors": untensors}
+        if list(self.apply(delta).metadata) != list(new.metadata):
+            return None
+        return delta
+
+    def apply(self, delta: dict) -> EditState:
+        """This state with one log line's delta applied (``ValueError`` on a bad line)."""
+        unset, untensors = delta.get("unset", []), delta.get("untensors", [])
+        if not (isinstance(unset, list) and isinstance(untensors, list)
+                and all(isinstance(k, str) for k in unset + untensors)):
+            raise ValueError("a log line's unset or untensors is not a list of names")
+        part = EditState.from_json(delta)
+        metadata = dict(self.metadata)
+        for key in unset:
+            metadata.pop(key, None)
+        metadata.update(part.metadata)
+        tensors = dict(self.tensors)
+        for key in untensors:
+            tensors.pop(key, None)
+        tensors.update(part.tensors)
+        return EditState(metadata, tensors)
+
     def to_json(self) -> dict:
         return {"metadata": {k: (None if v is None else {"type": v[0], "value": v[1]})
                              for k, v in self.metadata.items()},
@@ -94,14 +136,49 @@ class EditState:
 
     @staticmethod
     def from_json(doc: dict) -> EditState:
-        metadata = {k: (None if v is None else (v["type"], v["value"]))
-                    for k, v in doc.get("metadata", {}).items()}
-        tensors = {k: TensorEdit(v.get("name"), v.get("data"))
-                   for k, v in doc.get("tensors", {}).items()}
-        for edit in tensors.values():
-            if edit.data is not None and not _DATA_NAME.fullmatch(edit.data):
-                raise ValueError(f"not a data file of the store: {edit.data!r}")
+        """The state a journal holds; ``ValueError`` (one line) for any entry not of the
+        shape ``to_json`` writes.  What the entries mean for the model (its keys, tensors,
+        types and sizes) is checked by the one who knows the model (``Editor``)."""
+        metadata_doc = _object(doc.get("metadata", {}), "metadata")
+        tensors_doc = _object(doc.get("tensors", {}), "tensors")
+        metadata: dict[str, tuple[str, object] | None] = {}
+        for key, v in metadata_doc.items():
+            if v is None:
+                metadata[key] = None
+                continue
+            if not isinstance(v, dict) or set(v) != {"type", "value"} \
+                    or not isinstance(v["type"], str):
+                raise ValueError(f"metadata {key!r}: not null nor {{\"type\": T, \"value\": V}}")
+            metadata[key] = (v["type"], v["value"])
+        tensors = {}
+        for original, v in tensors_doc.items():
+            if not isinstance(v, dict) or set(v) != {"name", "data"}:
+                raise ValueError(f"tensor {original!r}: not {{\"name\": N, \"data\": D}}")
+            name, data = v["name"], v["data"]
+            if name is not None and not isinstance(name, str):
+                raise ValueError(f"tensor {original!r}: its name {name!r} is not a string")
+            if data is not None and (not isinstance(data, str) or not _DATA_NAME.fullmatch(data)):
+                raise ValueError(f"tensor {original!r}: {data!r} is not a data file of the store")
+            if name is None and data is not None:
+                raise ValueError(f"tensor {original!r}: removed, yet given new bytes")
+            tensors[original] = TensorEdit(name, data)
         return EditState(metadata, tensors)
+
+
+def _object(value, what: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"its {what} is not an object")
+    return value
+
+
+def _no_duplicates(pairs) -> dict:
+    """A JSON object, refused if it names one key twice (json keeps the last silently)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} appears twice")
+        out[key] = value
+    return out
 
 
 def source_identity(model, sources) -> list[dict]:
@@ -125,9 +202,13 @@ def _fsync_dir(fd: int) -> None:
         pass
 
 
-class DataFile:
-    """One replacement's bytes, open for reading: the descriptor outlives a later
+class DataFile(Source):
+    """One replacement's bytes, open for reading: a ``Source`` (a tensor's raw file and its
+    ``.npy`` read it as they read a model file).  The descriptor outlives a later
     replacement (its file is removed, a reader of an earlier composition still reads it)."""
+
+    name: str
+    size: int
 
     def __init__(self, fd: int, size: int, name: str):
         self.fd = fd
@@ -135,19 +216,19 @@ class DataFile:
         self.name = name
 
     def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
-        # ``span`` as a source's read_into takes it (a raw view names its tensor's range for
-        # a remote file's read-ahead): a local file read whole has no use for it
-        total = 0
-        while total < len(buf):
-            n = os.preadv(self.fd, [buf[total:]], offset + total)
-            if n == 0:
-                break
-            total += n
-        return total
+        # ``span``: a hint for a remote file's read-ahead, of no use to a local file
+        return _pread_into(self.fd, offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
         size = max(0, min(size, self.size - offset))
         return os.pread(self.fd, size, offset) if size else b""
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self.fd)
+
+    @property
+    def local_fd(self) -> int:
+        return self.fd
 
     def __del__(self):
         try:
@@ -156,11 +237,24 @@ class DataFile:
             pass
 
 
+def _pread_into(fd: int, offset: int, buf) -> int:
+    """Fill ``buf`` from ``fd`` at ``offset``; fewer bytes only at the end of the file."""
+    total = 0
+    while total < len(buf):
+        n = os.preadv(fd, [buf[total:]], offset + total)
+        if n == 0:
+            break
+        total += n
+    return total
+
+
 class PendingData:
-    """A replacement's bytes while they are written: a temporary file of the store."""
+    """A replacement's bytes while they are written: a temporary file of the store.  Its
+    writer reads them back (``read_into``) before they are kept."""
 
     def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
-        self._dir_fd, self.fd, self._tmp, self.name = dir_fd, fd, tmp, name
+        self._dir_fd, self.fd, self.name = dir_fd, fd, name
+        self._tmp: str | None = tmp
         self.size = 0
 
     def pwrite(self, offset: int, data) -> int:
@@ -170,6 +264,11 @@ class PendingData:
             done += os.pwrite(self.fd, view[done:], offset + done)
         self.size = max(self.size, offset + done)
         return done
+
+    def read_into(self, offset: int, buf) -> int:
+        """The bytes written so far at ``offset`` into ``buf``: how many (fewer at the
+        end); a hole reads as zeros."""
+        return _pread_into(self.fd, offset, buf[:max(0, min(len(buf), self.size - offset))])
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
@@ -206,15 +305,22 @@ class EditStore:
         self._euid = os.geteuid()
         self._lock = threading.Lock()
         self._data: dict[str, DataFile] = {}
+        self._log: str | None = None        # the log's name (None: no journal written yet)
+        self._log_fd: int | None = None
+        self._log_size = 0
+        self._journal_size = 0
         dir_fd = self._open_user_dir()
         try:
             self._fd = self._open_root(dir_fd)
         finally:
             os.close(dir_fd)
+        self._owner = -1
         try:
+            self._owner = claim(self._fd, self.directory, _refused)   # one mount at a time
             self.state = self._load(identity)
             self._remove_strays()
         except BaseException:
+            release(self._owner)
             os.close(self._fd)
             raise
 
@@ -261,18 +367,46 @@ class EditStore:
             self._identity = identity
             return EditState()
         try:
-            doc = json.loads(data)
+            doc = _object(json.loads(data, object_pairs_hook=_no_duplicates), "top level")
             if doc.get("format") != FORMAT:
                 raise ValueError(f"format {doc.get('format')!r}, not {FORMAT}")
             state = EditState.from_json(doc)
             recorded = doc["source"]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise _refused(self.root, f"its {JOURNAL} cannot be read: {error}") from None
         if recorded != identity:
             names = ", ".join(f["name"] for f in recorded) if isinstance(recorded, list) else "?"
             raise _refused(self.directory, f"it holds the edits of another model ({names}); "
                                            "choose another directory for this one")
         self._identity = identity
+        self._journal_size = len(data)
+        log = doc.get("log")
+        if log is not None:
+            if not isinstance(log, str) or not _LOG_NAME.fullmatch(log):
+                raise _refused(self.root, f"its {JOURNAL} names {log!r}, not a log of the store")
+            self._log = log
+            state = self._replay_log(state, log)
+        return state
+
+    def _replay_log(self, state: EditState, log: str) -> EditState:
+        data = self._read(self._fd, log, 1 << 30) or b""
+        lines = data.split(b"\n")
+        if lines[-1]:
+            # a last line cut short: an edit never answered (the daemon died writing it)
+            fd = os.open(log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+            try:
+                os.ftruncate(fd, len(data) - len(lines[-1]))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for number, line in enumerate(lines[:-1], 1):
+            try:
+                delta = json.loads(line, object_pairs_hook=_no_duplicates)
+                state = state.apply(_object(delta, "line"))
+            except (ValueError, TypeError, RecursionError) as error:
+                raise _refused(self.root, f"its {log} cannot be read: line {number}: "
+                                          f"{error}") from None
+        self._log_size = len(data) - len(lines[-1])
         return state
 
     def _remove_strays(self) -> None:
@@ -280,7 +414,8 @@ class EditStore:
         what a daemon killed part-way left (a temporary file)."""
         named = {e.data for e in self.state.tensors.values() if e.data}
         for name in os.listdir(self._fd):
-            if (_DATA_NAME.fullmatch(name) and name not in named) or _TEMP_NAME.fullmatch(name):
+            if (_DATA_NAME.fullmatch(name) and name not in named) or _TEMP_NAME.fullmatch(name) \
+                    or (_LOG_NAME.fullmatch(name) and name != self._log):
                 try:
                     os.unlink(name, dir_fd=self._fd)
                 except OSError:
@@ -320,10 +455,8 @@ class EditStore:
         """Make ``state`` the edits, on disk first (the journal, atomically), then here; the
         replacements no longer named are removed."""
         with self._lock:
-            doc = {"format": FORMAT, "source": self._identity, **state.to_json()}
-            text = json.dumps(doc, ensure_ascii=True, indent=1).encode() + b"\n"
             try:
-                self._write(self._fd, JOURNAL, text)
+                self._keep(state)
             except OSError as error:
                 raise OSError(error.errno or errno.EIO,
                               f"{self.root}: the edit could not be kept: {error.strerror}") from None
@@ -337,9 +470,49 @@ class EditStore:
                 except OSError:
                     pass
 
+    def _keep(self, state: EditState) -> None:
+        """``state`` on disk: one line appended to the log, or the journal written whole
+        (no journal yet, a log grown past it, a change a line cannot say)."""
+        log, delta = self._log, None
+        if log is not None and self._log_size < max(LOG_FOLD, self._journal_size):
+            delta = self.state.delta_to(state)
+        if log is None or delta is None:
+            self._fold(state)
+            return
+        line = json.dumps(delta, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+        if self._log_fd is None:
+            self._log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                   | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._fd)
+            _fsync_dir(self._fd)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(self._log_fd, view):]
+        os.fsync(self._log_fd)
+        self._log_size += len(line)
+
+    def _fold(self, state: EditState) -> None:
+        """The journal written whole, naming a new (empty) log; the old log removed."""
+        old_log, old_fd = self._log, self._log_fd
+        log = f"edits-{os.urandom(8).hex()}.log"
+        doc = {"format": FORMAT, "source": self._identity, "log": log, **state.to_json()}
+        text = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+        self._write(self._fd, JOURNAL, text)
+        self._log, self._log_fd, self._log_size, self._journal_size = log, None, 0, len(text)
+        if old_fd is not None:
+            os.close(old_fd)
+        if old_log is not None:
+            try:
+                os.unlink(old_log, dir_fd=self._fd)
+            except OSError:
+                pass
+
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            release(self._owner)
+            if self._log_fd is not None:
+                os.close(self._log_fd)
+                self._log_fd = None
             try:
                 os.close(self._fd)
             except OSError:

@@ -30,29 +30,12 @@ import numpy as np
 
 from tensorfs.convert.workers import usable_cpus
 from tensorfs.errors import printable
-from tensorfs.facts.common import (
-    NUMBER_WIDTH,
-    PIECE_ELEMENTS,
-    ZERO_SCALE,
-    Piece,
-    Progress,
-    Scratch,
-    Table,
-    fmt,
-    json_number,
-    lcm,
-    ldexp_or_inf,
-    open_model,
-    run_ordered,
-    scale_down,
-    scale_of,
-    source_of,
-    stored_order,
-    tasks_of,
-    values_of,
-    wants_aligned,
-)
+from tensorfs.facts.models import open_model, source_of, stored_order
+from tensorfs.facts.output import NUMBER_WIDTH, Progress, Table, fmt, json_number, wants_aligned
+from tensorfs.facts.pieces import PIECE_ELEMENTS, Piece, Scratch, lcm, run_ordered, tasks_of
 from tensorfs.facts.plot import plot_diff
+from tensorfs.facts.scaling import ZERO_SCALE, ldexp_or_inf, scale_down, scale_of
+from tensorfs.facts.values import values_of
 from tensorfs.sources.urls import shown_name
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",
@@ -62,7 +45,7 @@ STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_
 @dataclass
 class Sums:
     """What the measures are made of, added up piece by piece.  The four sums are kept
-    divided by ``4**scale`` (``tensorfs.facts.common.scale_of``: 0 for values within 2**±300, else
+    divided by ``4**scale`` (``tensorfs.facts.scaling.scale_of``: 0 for values within 2**±300, else
     a power of two at least the largest |value|), so that they neither overflow nor
     underflow for any finite input; the measures are their ratios, where the scale
     cancels."""

@@ -33,16 +33,10 @@ from dataclasses import dataclass, field
 
 from tensorfs.convert.workers import usable_cpus
 from tensorfs.errors import printable
-from tensorfs.facts.common import (
-    HASH_PIECE_BYTES,
-    MANIFEST_LIMIT,
-    FactsError,
-    Progress,
-    open_model,
-    read_text_input,
-    source_of,
-    stored_order,
-)
+from tensorfs.facts.files import MANIFEST_LIMIT, read_text_input
+from tensorfs.facts.models import FactsError, open_model, source_of, stored_order
+from tensorfs.facts.output import Progress
+from tensorfs.facts.pieces import HASH_PIECE_BYTES
 from tensorfs.sources.urls import shown_name
 
 # uuid.uuid5(uuid.NAMESPACE_URL, 'en.wikipedia.org/wiki/Llama.cpp'), as gguf-hash.cpp has it

@@ -9,7 +9,7 @@
   above; nothing sits at an edge pretending to be a small number.
 
 Both are checked before the model is read (``check_plot``: matplotlib is there, FILE can
-be written) and written as a new file renamed over FILE (``tensorfs.facts.common.write_output``).
+be written) and written as a new file renamed over FILE (``tensorfs.facts.files.write_output``).
 Needs matplotlib (``pip install 'tensorfs-fuse[plot]'``).
 """
 
@@ -20,7 +20,8 @@ import re
 import sys
 
 from tensorfs.errors import printable
-from tensorfs.facts.common import FactsError, output_problem, write_output
+from tensorfs.facts.files import output_problem, write_output
+from tensorfs.facts.models import FactsError
 
 # "blk.12.attn_q.weight" (GGUF), "model.layers.12.self_attn.q_proj.weight" (transformers)
 _LAYER = re.compile(r"^(.*?)\b(?:blk|layers|h|layer|block|blocks)\.(\d+)\.(.+)$")
@@ -215,7 +216,8 @@ def plot_diff(results, a: str, b: str, path: str) -> dict[str, list[str]] | None
         label = _short(next(n for n, i in kinds.items() if i == k), 40) if k is not None \
             else "outside the layers" if kinds else "tensor"
         for panel in panels:
-            here = [(x, y_of(v)[1]) for x, v in pts if y_of(v)[0] == panel]
+            here: list[tuple[float, float]] = [(x, y_of(v)[1]) for x, v in pts
+                                               if y_of(v)[0] == panel]
             if not here:
                 continue
             if panel == "main":     # a line joins neighbouring layers only

@@ -21,35 +21,19 @@ import numpy as np
 
 from tensorfs.convert.workers import usable_cpus
 from tensorfs.errors import printable
-from tensorfs.facts.common import (
-    NUMBER_WIDTH,
-    ZERO_SCALE,
-    Progress,
-    Scratch,
-    Table,
-    cut,
-    fmt,
-    json_number,
-    ldexp_or_inf,
-    no_tensor_named,
-    open_model,
-    run_ordered,
-    scale_down,
-    scale_of,
-    source_of,
-    stored_order,
-    tasks_of,
-    values_of,
-    wants_aligned,
-)
+from tensorfs.facts.models import no_tensor_named, open_model, source_of, stored_order
+from tensorfs.facts.output import NUMBER_WIDTH, Progress, Table, fmt, json_number, wants_aligned
+from tensorfs.facts.pieces import Scratch, cut, run_ordered, tasks_of
 from tensorfs.facts.plot import plot_stats
+from tensorfs.facts.scaling import ZERO_SCALE, ldexp_or_inf, scale_down, scale_of
+from tensorfs.facts.values import values_of
 from tensorfs.sources.urls import shown_name
 
 
 @dataclass
 class Moments:
     """A tensor's counts and moments so far.  The mean and the sum of squared deviations
-    are kept divided by ``2**scale`` (``tensorfs.facts.common.scale_of``: 0 for values within
+    are kept divided by ``2**scale`` (``tensorfs.facts.scaling.scale_of``: 0 for values within
     2**±300, else a power of two at least the largest |value|), so that they neither
     overflow (values near 1e308, whose squares are past float64) nor underflow (values
     near 1e-300, whose squares are 0) for any finite input."""

@@ -551,3 +551,22 @@ def _validate_placement(tensors: tuple[TensorInfo, ...], info_offsets: list[int]
                          f"'{previous.name}' (which ends at {previous_end})",
                          info_offsets[i], t.name)
         previous, previous_end = t, end
+
+
+def kv_spans(header, model_file: ModelFile) -> tuple[dict[str, tuple[int, int]], int]:
+    """key -> (start, end) of its whole entry (key, value type, value) in ``header`` (the
+    first ``header_size`` bytes of the file ``model_file`` describes), and where the entries
+    end: the parser's own walk over the values, for a writer that keeps a value's bytes as
+    stored (tensorfs.editing.compose)."""
+    order = "<" if model_file.endianness == "little" else ">"
+    cur = _Cursor(header, len(header), order, model_file.version == 1)
+    cur.pos = 8 + 2 * cur.len_size
+    spans = {}
+    for i in range(len(model_file.metadata)):
+        start = cur.pos
+        key_start, key_end = cur.string_bytes("metadata key {}", i)
+        key = str(header[key_start:key_end], "utf-8")
+        type_at = cur.pos
+        _read_value(cur, cur.u32("value type of metadata '{}'", key), key, type_at)
+        spans[key] = (start, cur.pos)
+    return spans, cur.pos

@@ -65,7 +65,7 @@ import struct
 from array import array
 from itertools import chain, repeat
 from operator import itemgetter, mul, sub
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tensorfs.dtypes import SAFETENSORS_DTYPES
 from tensorfs.errors import SafetensorsError
@@ -192,7 +192,8 @@ def _validate(entries: _Entries, header_size: int, file_size: int,
     if not _all_valid(entries, sizes, header_size, file_size):
         _walk(entries, header_size, file_size)
     offsets = [header_size + begin for begin in begins]
-    rows = zip(names, dtypes, shapes, offsets, sizes, repeat(path), repeat("<"), repeat(None))
+    rows = zip(names, dtypes, shapes, offsets, sizes, repeat(path), repeat("<"), repeat(None),
+               repeat(None))
     # tuple.__new__(TensorInfo, row) is TensorInfo(*row) without a Python frame per tensor
     return tuple(map(tuple.__new__, repeat(TensorInfo), rows))
 
@@ -585,7 +586,7 @@ class _Header:
         while True:
             if not text.startswith('"', i):
                 raise _Problem("expecting a string key", i)
-            key, j = json.decoder.scanstring(text, i + 1, True)
+            key, j = json.decoder.scanstring(text, i + 1, True)  # type: ignore[attr-defined]
             j = self._ws(j)
             if not text.startswith(":", j):
                 raise _Problem("expecting ':' after a key", j)
@@ -635,7 +636,7 @@ class _Header:
         if not self.text.startswith("{", pos):
             value = self._leaf(pos, name)
             raise _Problem(f"{where} must be an object, not {_kind_of(value)}", pos, name)
-        fields: dict[str, object] = {}
+        fields: dict[str, Any] = {}        # JSON values, checked below
         for key, key_pos, value_pos in self._object(pos):
             if key in fields:
                 raise _Problem(f"{where}: duplicate field {_quote(key)}", key_pos, name)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from tensorfs.loading import shards
+from tensorfs.loading import checkpoints, shards
 from tensorfs.loading.wholefiles import find_companions
 from tensorfs.model import Model
-from tensorfs.sources.location import LocalLocation, is_url
+from tensorfs.sources.location import LocalLocation
+from tensorfs.sources.urls import is_url
 
 
 def location_for(path: str, remote=None):
@@ -39,7 +40,15 @@ def load_model(path: str, remote=None) -> Model:
     except BaseException:
         location.close_all()
         raise
-    model = dataclasses.replace(location.attach(model), companions=companions)
+    model = location.attach(model)
+    try:
+        model = checkpoints.served(model)       # a PyTorch checkpoint: as safetensors
+    except BaseException:
+        model.close()
+        for companion in companions:
+            companion.close()
+        raise
+    model = dataclasses.replace(model, companions=companions)
     if named != path or "://" in path:
         model = dataclasses.replace(model, url=named)
     return model

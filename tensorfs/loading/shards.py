@@ -8,7 +8,8 @@ refused is a ``ShardError`` whose ``kind`` is a key of ``KINDS``; the CLI prints
 
 What is accepted, and the choices where the formats' own tools are silent:
 
-* **An index** is told from its bytes (a JSON object, not a model file), not its name.  It
+* **An index** is told from its bytes (a JSON object, not a model file), not its name
+  (``pytorch_model.bin.index.json`` too: its shards must then all be PyTorch checkpoints).  It
   is the Hugging Face layout ``{"metadata": {...}, "weight_map": {tensor: shard-file}}``;
   ``metadata`` may be absent or null.  Shards are the distinct ``weight_map`` values in
   sorted order (what ``transformers`` does); ``Model.tensors`` is each shard's tensors in
@@ -91,6 +92,11 @@ SPLIT_GGUF_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\
 SHARD_SAFETENSORS_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors", re.S)
 INDEX_SUFFIX = ".safetensors.index.json"
 MODEL_SUFFIXES = (".safetensors", ".gguf")
+PYTORCH_INDEX_SUFFIX = ".bin.index.json"
+PYTORCH_SUFFIXES = (".bin", ".pt", ".pth")
+SHARD_PYTORCH_NAME = re.compile(r".+-\d{5}-of-\d{5}\.bin", re.S)
+# What transformers' Trainer saves beside a model: torch.save files, not models
+TRAINER_FILES = frozenset({"training_args.bin", "optimizer.pt", "scheduler.pt", "scaler.pt"})
 LISTED_CANDIDATES = 5           # how many names a "several models" error lists
 # The most shards one model may have.  The largest real sets have a few hundred (DeepSeek-V3:
 # 163, Llama-3.1-405B: 191); each shard costs an open file (a descriptor, or a connection's
@@ -159,8 +165,8 @@ def _load_directory(directory: str, loc: Location) -> Model:
                if n.endswith(MODEL_SUFFIXES + (INDEX_SUFFIX,)) and name_problem(n) is not None]
         left_out = (f" ({len(odd)} left out, whose name is not a plain file name: "
                     f"{_quote(odd[0])} is {name_problem(odd[0])})") if odd else ""
-        raise _error("no_model", "directory holds no *.safetensors.index.json, *.safetensors "
-                     f"or *.gguf file{left_out}", directory)
+        raise _error("no_model", "directory holds no *.safetensors.index.json, *.safetensors, "
+                     f"*.gguf or PyTorch checkpoint{left_out}", directory)
     if len(candidates) > 1:
         shown = ", ".join(candidates[:LISTED_CANDIDATES])
         more = f" and {len(candidates) - LISTED_CANDIDATES} more" if len(candidates) > LISTED_CANDIDATES else ""
@@ -194,7 +200,18 @@ def directory_candidates(directory: str, loc: Location | None = None) -> list[st
     plain = [n for n in names
              if n.endswith(MODEL_SUFFIXES) and n not in covered and n not in indexes
              and not SHARD_SAFETENSORS_NAME.fullmatch(n)]
-    return sorted(set(indexes) | split_firsts | set(plain))
+    found = sorted(set(indexes) | split_firsts | set(plain))
+    if found:
+        return found
+    # No safetensors or GGUF model: a PyTorch checkpoint (a repository that has both is
+    # mounted from its safetensors files, as transformers loads it)
+    indexes = [n for n in names if n.endswith(PYTORCH_INDEX_SUFFIX)]
+    for index in indexes:
+        covered.update(_index_shard_names_quietly(loc.sibling(directory, index), loc))
+    return sorted(set(indexes) | {
+        n for n in names if n.endswith(PYTORCH_SUFFIXES) and n not in covered
+        and n not in TRAINER_FILES and not n.startswith("rng_state")
+        and not SHARD_PYTORCH_NAME.fullmatch(n)})
 
 
 def _index_shard_names_quietly(path: str, loc: Location) -> Iterable[str]:
@@ -383,10 +400,12 @@ def _load_index(path: str, source: str, loc: Location) -> Model:
         else:
             shard_paths.append(loc.sibling(directory, name))
     files = _present_and_parsed(shard_names, shard_paths, path, "named by the index", loc)
+    # all safetensors, or all PyTorch checkpoints (pytorch_model.bin.index.json)
+    expected = "pytorch" if files[0].format == "pytorch" else "safetensors"
     for shard_path, model_file in zip(shard_paths, files):
-        if model_file.format != "safetensors":
+        if model_file.format != expected:
             raise _error("shard_format", f"shard {_quote(loc.basename(shard_path))} is "
-                         f"{model_file.format}, not safetensors", path)
+                         f"{model_file.format}, not {expected}", path)
     if not _shards_match_index(weight_map, shard_names, files):
         owner = _owners(files, path)
         by_name = dict(zip(shard_names, shard_paths))

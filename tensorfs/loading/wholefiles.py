@@ -4,8 +4,11 @@ their own names, so that the programs people run (llama.cpp, ``safe_open``,
 
 Which files: every model file (the one file, every shard, every split of a split GGUF) and,
 where the user named an index, a directory or a repository, its *companions*: the index, and
-a directory's other regular top-level files (config.json, tokenizer files ...; hidden files
-and subdirectories are not served, as a directory mount never searches them either).
+a directory's other regular files (config.json, tokenizer files ...; hidden ones are not
+served).  A local directory's subfolders are served too, at most ``MAX_SUBFOLDER_DEPTH``
+deep (sentence-transformers keeps ``1_Pooling/config.json`` and an empty ``2_Normalize/``
+beside ``modules.json``), each file under the same rules as a top-level one, contained in
+the directory; a remote one's are not (a listing gives its top level only).
 
 What serves each one:
 
@@ -33,7 +36,7 @@ inside the directory, or in a Hugging Face cache snapshot's own ``blobs/``
 (``tensorfs.sources.local.contained_problem``); anything but a regular file is not served.
 
 How a local file's bytes reach the reader (FUSE passthrough, splice, copy) is
-``tensorfs.mount.fuse3``'s business; a view here only says which descriptor holds them.
+``tensorfs.fuse.session``'s business; a view here only says which descriptor holds them.
 """
 
 from __future__ import annotations
@@ -48,14 +51,18 @@ import time
 from typing import NamedTuple
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.local import ModelSource, Source, SourceError
-from tensorfs.sources.location import DIRECTORY, LocalLocation
+from tensorfs.loading.checkpoints import BytesSource, ComposedSource
+from tensorfs.sources.local import ModelSource
+from tensorfs.sources.location import DIRECTORY, LocalLocation, name_problem
+from tensorfs.sources.source import Source, SourceError
 from tensorfs.views.byteviews import View
 
 log = logging.getLogger("tensorfs")
 
 # Files of a directory served besides the model's, at most.  A model repository has a dozen.
 MAX_COMPANIONS = 1000
+# Folders below a directory model served, at most this deep (sentence-transformers: one)
+MAX_SUBFOLDER_DEPTH = 4
 
 # Local companions open at once, at most: one descriptor each while open.  Fewer under a
 # low descriptor limit (a sixteenth of it), which the model's shards need more.
@@ -103,7 +110,12 @@ class Facts(NamedTuple):
 
 def owner_of(source) -> tuple[int, int, int] | None:
     """(mode, uid, gid) a served file of ``source`` shows, or None (the mount's own): a
-    local file's, masked read-only; a remote one has no owner of its own."""
+    local file's, masked read-only (a composed one's: its checkpoint's); a remote one has
+    no owner of its own."""
+    if isinstance(source, ComposedSource):
+        source = source.checkpoint
+    elif isinstance(source, BytesSource):
+        source = source.like
     if source.local_fd is None:
         return None
     st = source.stat()
@@ -277,9 +289,11 @@ class Companion:
 class Companions(tuple):
     """The companions served, and (``refused``) the files left out, each (path, why): said
     in the daemon's log once the mount serves (``say_refused``; at load, nothing but one
-    error line reaches the terminal)."""
+    error line reaches the terminal); ``directories``: a directory model's subfolders
+    ("1_Pooling", "2_Normalize": served even when empty)."""
 
     refused: tuple = ()
+    directories: tuple = ()
 
     def say_refused(self) -> None:
         for path, why in self.refused:
@@ -306,9 +320,10 @@ def _close_least_recent() -> None:
 def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     """The companions of ``model``, loaded from ``named`` through ``location``: none for a
     model file given directly (a split GGUF's splits are all model files); the index for an
-    index; a directory's regular top-level files that are not model files, each name
-    passing ``location.name_problem`` first.  Called before ``location.attach``: a source
-    the parse read (the index) is taken over, not reopened."""
+    index; a directory's regular files that are not model files, each name passing
+    ``location.name_problem`` first, and a local directory's subfolders (``_subfolders``).
+    Called before ``location.attach``: a source the parse read (the index) is taken over,
+    not reopened."""
     model_paths = {f.path for f in model.files}
     if named in model_paths:
         return Companions()
@@ -331,11 +346,18 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
     if len(refused) > MAX_REFUSED_SAID:
         more = len(refused) - MAX_REFUSED_SAID
         notes.append((named, f"{more} more listed names that are not plain file names"))
+    directories: list[str] = []
+    if local and location.kind(named) == DIRECTORY:
+        # a directory model's subfolders (sentence-transformers' 1_Pooling/config.json ...)
+        room = MAX_COMPANIONS - len(paths)
+        sub_paths, directories = _subfolders(named, room, notes)
+        paths += [(name, path) for name, path in sub_paths]
     companions = []
     for name, path in paths:
         source = location.take(path)
-        if local:
-            companion = _local_companion(location, name, path, source)
+        if local:           # one in a subfolder: contained in the model's directory
+            companion = _local_companion(location, name, path, source,
+                                         within=named if "/" in name else None)
             if isinstance(companion, str):
                 notes.append((path, companion))
             else:
@@ -345,14 +367,57 @@ def find_companions(named: str, model, location) -> tuple[Companion, ...]:
                                     listed_size=sizes.get(name), source=source))
     served = Companions(companions)
     served.refused = tuple(notes)
+    served.directories = tuple(directories)
     return served
 
 
-def _local_companion(location, name: str, path: str, source) -> Companion | str:
-    """A local companion: opened now to check it (a regular file, where it may be) and
-    note what it is, then closed: read, it is opened again (``Companion``).  Or why it is
-    not served."""
-    within = location.named_beside.get(path)   # None: the user named it (an index)
+def _subfolders(top: str, room: int, notes: list) -> tuple[list[tuple[str, str]], list[str]]:
+    """(name, path) of the regular files in ``top``'s subfolders, their names relative to
+    ``top`` ("1_Pooling/config.json"), and every subfolder's name (an empty one too:
+    "2_Normalize"), at most ``MAX_SUBFOLDER_DEPTH`` deep and ``room`` files.  Hidden names,
+    names that are not plain file names and links to folders are left out (a link to a
+    file is checked where it is opened, as a top-level one is)."""
+    files: list[tuple[str, str]] = []
+    directories: list[str] = []
+    pending = [("", top, 0)]
+    while pending:
+        rel, path, depth = pending.pop(0)
+        try:
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as error:
+            notes.append((path, f"cannot list: {error.strerror}"))
+            continue
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or (not rel and not entry.is_dir(follow_symlinks=False)):
+                continue                # the top level's files: listed by find_companions
+            problem = name_problem(name)
+            if problem is not None:
+                notes.append((entry.path, f"the name is {problem}: not served"))
+                continue
+            inner = f"{rel}/{name}" if rel else name
+            if entry.is_dir(follow_symlinks=False):
+                if depth + 1 > MAX_SUBFOLDER_DEPTH:
+                    notes.append((entry.path, f"more than {MAX_SUBFOLDER_DEPTH} folders deep: "
+                                  "not served"))
+                    continue
+                directories.append(inner)
+                pending.append((inner, entry.path, depth + 1))
+            elif rel and entry.is_file():
+                if len(files) >= room:
+                    notes.append((entry.path, f"more than {MAX_COMPANIONS} files: not served"))
+                    return files, directories
+                files.append((inner, entry.path))
+    return files, directories
+
+
+def _local_companion(location, name: str, path: str, source, *,
+                     within: str | None = None) -> Companion | str:
+    """A local companion: opened now to check it (a regular file, where it may be: inside
+    ``within`` or the directory that listed it) and note what it is, then closed: read, it
+    is opened again (``Companion``).  Or why it is not served."""
+    if within is None:
+        within = location.named_beside.get(path)   # None: the user named it (an index)
     within = os.path.abspath(within) if within is not None else None
     path = os.path.abspath(path)                # the daemon works from "/"
     try:
@@ -468,11 +533,24 @@ class WholeFileView(View):
         return bytes(out[:n])
 
 
+def whole_file_directories(model) -> tuple[str, ...]:
+    """The folders of ``files/`` besides the top one: a directory model's subfolders."""
+    companions = model.companions
+    return companions.directories if isinstance(companions, Companions) else ()
+
+
 def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileView]:
-    """File name -> its view, for every file of ``files/``, sorted by name.  ``sources``:
+    """File name -> its view, for every file of ``files/``, sorted by name (a file in a
+    subfolder: "1_Pooling/config.json").  ``sources``:
     the model files' sources, by path (default ``model.sources``)."""
     sources = model.sources if sources is None else sources
-    views = {_basename(f.path): WholeFileView(source=sources[f.path]) for f in model.files}
+    views = {}
+    for path, source in sources.items():
+        if isinstance(source, ComposedSource):      # a checkpoint: itself and its composition
+            views[_basename(path)] = WholeFileView(source=source.checkpoint)
+            views[_basename(source.name)] = WholeFileView(source=source)
+        else:
+            views[_basename(path)] = WholeFileView(source=source)
     for companion in model.companions:
         views.setdefault(companion.name, WholeFileView(companion=companion))
     return dict(sorted(views.items()))

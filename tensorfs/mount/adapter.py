@@ -1,7 +1,7 @@
 """The FUSE adapter: answers the kernel's questions about a ``Tree`` by inode number.
 
 It knows nothing of model formats; it could serve any tree of byte sources.  Errors from
-below are mapped to errno in one place (``errno_of``).  The C side is ``tensorfs.mount.fuse3``.
+below are mapped to errno in one place (``errno_of``).  The C side is ``tensorfs.fuse.session``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import errno
 import itertools
 import logging
 import os
+from collections.abc import Callable
 
-from tensorfs.mount.fuse3 import Entry, FsError, Session
-from tensorfs.mount.longwork import NotReady
-from tensorfs.mount.operations import Operations
-from tensorfs.mount.options import MountOptions
-from tensorfs.sources.local import SourceError
+from tensorfs.fuse.operations import Entry, FsError, Later, Operations
+from tensorfs.fuse.options import MountOptions
+from tensorfs.fuse.session import Session
+from tensorfs.mount.editable import TYPE_XATTR, Editor, EditRefused, OpenFile, WriteHandle
+from tensorfs.sources.source import SourceError
 from tensorfs.views.names import DirNode, FileNode, Tree
 
 log = logging.getLogger("tensorfs")
@@ -24,7 +25,7 @@ log = logging.getLogger("tensorfs")
 BLOCK_SIZE = 1 << 20
 
 # The kernel's read-ahead window on the mount: one libfuse 3 request (its largest), rather
-# than the 128 KiB default (tensorfs.mount.fuse3.Session._raise_read_ahead; benchmark row 1).
+# than the 128 KiB default (tensorfs.fuse.session.Session._raise_read_ahead; benchmark row 1).
 READ_AHEAD_KIB = 1024
 
 # TENSORFS_FD_REPLIES=1 turns on replies that name the model's descriptor (splice) where
@@ -39,6 +40,11 @@ FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 # checks the file after every read.  Turn it on only for files nothing rewrites.
 PASSTHROUGH = os.environ.get("TENSORFS_PASSTHROUGH", "0") == "1"
 
+# The mount's root answers this with the serving process's pid: how ``tensorfs unmount`` finds
+# the daemon from the mount itself, whatever runtime directory its files are in.  Not listed
+# (``getfattr -d`` and copies of the tree do not carry it).
+PID_XATTR = "user.tensorfs.pid"
+
 # A directory with more entries than this keeps its listing between readdir calls (each call
 # fills one buffer of the kernel's, a few dozen entries); smaller ones are listed anew.
 KEEP_LISTING_ENTRIES = 64
@@ -47,15 +53,15 @@ KEEP_LISTING_ENTRIES = 64
 class TensorFS(Operations):
     """The ``Operations`` of a mount: a ``Tree``'s nodes by inode number."""
 
-    def __init__(self, tree: Tree, editor=None):
+    def __init__(self, tree: Tree, editor: Editor | None = None):
         self.tree = tree
         self._nlink: dict[int, int] = {}
         self._listings: dict[int, list] = {}
-        # --edits: tensorfs.mount.editable.Editor; the tree then changes, and the caches of what
-        # it holds are dropped at every change
+        # --edits: the tree then changes, and the caches of what it holds are dropped at
+        # every change
         self.editor = editor
-        self._handles: dict[int, object] = {}
-        self.invalidate = None          # Session.invalidate, once serving
+        self._handles: dict[int, OpenFile] = {}     # an editable mount's opens
+        self.invalidate: Callable[[list[int]], None] | None = None  # Session's, once serving
         self._next_handle = itertools.count(1)
         if editor is not None:
             editor.on_change = self._changed
@@ -73,10 +79,6 @@ class TensorFS(Operations):
             if not exc.logged:      # a source that said it already (once)
                 log.error("%s", exc)
             return errno.EIO
-        # (--edits's module, and numpy with it, imported here rather than at mount: a
-        # refused edit is raised by that module, so it is loaded whenever one is)
-        from tensorfs.mount.editable import EditRefused
-
         if isinstance(exc, EditRefused):
             log.warning("edit refused: %s", exc.strerror)
             return exc.errno
@@ -102,8 +104,13 @@ class TensorFS(Operations):
         editor = self.editor
         if editor is not None:
             entry = self._plain_entry(node, listing)
-            # every node's time is the last edit's: the kernel then drops the pages and
-            # listings it cached of a file or directory an edit may have changed
+            # a file being written is the size written (the kernel takes the size of every
+            # answer, a lookup's too); every node's time is the last edit's: the kernel then
+            # drops the pages and listings it cached of a file or directory an edit may
+            # have changed
+            writing = editor.writer(node) if isinstance(node, FileNode) else None
+            if writing is not None:
+                entry = entry._replace(size=writing.size)
             return entry._replace(writable=editor.writable(node),
                                   mtime_ns=entry.mtime_ns or editor.mtime_ns)
         return self._plain_entry(node, listing)
@@ -137,10 +144,11 @@ class TensorFS(Operations):
         return self._entry(child)
 
     def getattr(self, ino: int, fh: int = 0) -> Entry:
-        entry = self._entry(self._node(ino))
+        node = self._node(ino)
+        entry = self._entry(node)
         handle = self._handles.get(fh) if fh else None
-        if handle is not None and hasattr(handle, "kind"):      # a file being written
-            entry = entry._replace(size=self.editor.size_of(handle))
+        if handle is not None:                  # the size that open sees
+            return entry._replace(size=handle.size)
         return entry
 
     def listing(self, ino: int) -> list:
@@ -166,7 +174,7 @@ class TensorFS(Operations):
 
     def open(self, ino: int) -> int | None:
         """A view that can say so refuses a file changed since the mount (EIO) here, and may
-        name the descriptor holding all of it (tensorfs.mount.fuse3: passthrough)."""
+        name the descriptor holding all of it (tensorfs.fuse.session: passthrough)."""
         return self._file_view(ino).open()
 
     def read_fd(self, ino: int, offset: int, size: int):
@@ -178,13 +186,12 @@ class TensorFS(Operations):
             raise FsError(errno.EISDIR)
         return node.view.read_into(offset, buf)
 
-    def getxattr(self, ino: int, name: str) -> bytes:
+    def getxattr(self, ino: int, name: str) -> bytes | Later:
+        if ino == self.tree.root.ino and name == PID_XATTR:
+            return str(os.getpid()).encode()    # the serving process: what unmount waits for
         xattrs = self._xattrs(self._node(ino))
         if name in xattrs:
-            try:
-                return xattrs[name]
-            except NotReady:        # long work started by this ask: "ask again", not logged
-                raise FsError(errno.EAGAIN) from None
+            return xattrs[name]     # a Later where it needs long work (the sha256)
         if not name.startswith("user."):
             # "Not supported here", not "no such attribute": ls -l remembers it and stops
             # asking every file for its SELinux label and ACLs (a round trip each).
@@ -192,78 +199,88 @@ class TensorFS(Operations):
         raise FsError(errno.ENODATA)
 
     def listxattr(self, ino: int) -> list:
-        return list(self._xattrs(self._node(ino)))
+        return list(self._xattrs(self._node(ino)))     # PID_XATTR: asked for, never listed
 
     @staticmethod
     def _xattrs(node):
         return node.xattrs if isinstance(node, FileNode) else {}
 
-    # -- an editable mount (--edits): tensorfs.mount.editable says what each change means -----------
-    def _keep(self, handle) -> int:
+    # -- an editable mount (--edits): tensorfs.mount.editable says what each change means -----
+    def _editor(self) -> Editor:
+        if self.editor is None:
+            raise FsError(errno.EROFS)
+        return self.editor
+
+    def _keep(self, handle: OpenFile) -> int:
         fh = next(self._next_handle)
         self._handles[fh] = handle
         return fh
 
-    def _handle(self, fh: int):
+    def _writing(self, fh: int) -> WriteHandle:
         handle = self._handles.get(fh)
-        if handle is None or not hasattr(handle, "kind"):
+        if not isinstance(handle, WriteHandle):
             raise FsError(errno.EBADF)
         return handle
 
     def open_read(self, ino: int) -> int:
-        """A reader's handle: the composed file's snapshot (files/), else none (0)."""
-        view = self._file_view(ino)
-        check = getattr(view, "open", None)
-        if check is not None:
-            check()
-        snapshot = getattr(view, "snapshot", None)
-        return self._keep(snapshot()) if snapshot is not None else 0
+        """A reader's handle: a version of a file of files/ for its life, else the file as
+        it is at each read (a write session's bytes while one is open)."""
+        node = self._node(ino)
+        if isinstance(node, DirNode):
+            raise FsError(errno.EISDIR)
+        return self._keep(self._editor().open_read(node))
 
     def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int:
-        held = self._handles.get(fh) if fh else None
-        if held is not None and not hasattr(held, "kind"):
-            return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
-        return self.read_into(ino, offset, buf)
+        handle = self._handles.get(fh) if fh else None
+        if handle is None:
+            return self.read_into(ino, offset, buf)
+        return handle.read_into(offset, buf)
 
     def open_write(self, ino: int, truncate: bool) -> int:
-        return self._keep(self.editor.open_write(self._node(ino), truncate))
+        return self._keep(self._editor().open_write(self._node(ino), truncate))
 
-    def create(self, parent: int, name: str):
-        node, handle = self.editor.create(self._dir(parent), name)
+    def create(self, parent: int, name: str) -> tuple[Entry, int]:
+        node, handle = self._editor().create(self._dir(parent), name)
         return self._entry(node), self._keep(handle)
 
     def write(self, ino: int, fh: int, offset: int, data: bytes) -> int:
-        return self.editor.write(self._handle(fh), offset, data)
+        return self._writing(fh).write(offset, data)
 
     def flush(self, ino: int, fh: int) -> None:
         handle = self._handles.get(fh)
-        if handle is not None and hasattr(handle, "kind"):
-            self.editor.flush(handle)
+        if handle is not None:
+            handle.flush()
+
+    def fsync(self, ino: int, fh: int) -> None:
+        handle = self._handles.get(fh)
+        if handle is not None:
+            handle.fsync()
 
     def release(self, ino: int, fh: int) -> None:
         handle = self._handles.pop(fh, None)
-        if handle is not None and hasattr(handle, "kind"):
-            self.editor.release(handle)
+        if handle is not None:
+            handle.release()
 
     def truncate(self, ino: int, size: int, fh: int) -> None:
-        handle = self._handle(fh) if fh and hasattr(self._handles.get(fh), "kind") else None
-        self.editor.truncate(self._node(ino), size, handle)
+        handle = self._handles.get(fh) if fh else None
+        if isinstance(handle, WriteHandle):
+            handle.truncate(size)
+        else:
+            self._editor().truncate(self._node(ino), size)
 
     def unlink(self, parent: int, name: str) -> None:
-        self.editor.unlink(self._dir(parent), name)
+        self._editor().unlink(self._dir(parent), name)
 
     def rmdir(self, parent: int, name: str) -> None:
-        self.editor.rmdir(self._dir(parent), name)
+        self._editor().rmdir(self._dir(parent), name)
 
     def rename(self, parent: int, name: str, new_parent: int, new_name: str) -> None:
-        self.editor.rename(self._dir(parent), name, self._dir(new_parent), new_name)
+        self._editor().rename(self._dir(parent), name, self._dir(new_parent), new_name)
 
     def setxattr(self, ino: int, name: str, value: bytes) -> None:
-        from tensorfs.mount.editable import TYPE_XATTR
-
         if name != TYPE_XATTR:
             raise FsError(errno.EPERM if name.startswith("user.") else errno.EOPNOTSUPP)
-        self.editor.set_type(self._node(ino), value.decode("utf-8", "replace").strip())
+        self._editor().set_type(self._node(ino), value.decode("utf-8", "replace").strip())
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
@@ -272,7 +289,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     """Mount ``tree`` and serve it until unmounted; ``on_ready()`` is called once the mount
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
-    once (``tensorfs.mount.options``); the timeouts and the thread count are answered here,
+    once (``tensorfs.fuse.options``); the timeouts and the thread count are answered here,
     ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md).  ``on_stop()``
     is called as soon as the mount is told to end, requests still in flight (``Session``)."""
     fs = TensorFS(tree, editor)

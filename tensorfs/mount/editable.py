@@ -2,17 +2,23 @@
 to the model, and the tree kept true to the edits (docs/editing.md).
 
 - ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
-  closed (``metadata_files.parse_text``); a new file adds a key (a string, or the type
-  given by the ``user.tensorfs.type`` extended attribute set before the first close);
-  ``rm`` deletes the key, ``mv`` renames it.
+  closed (``metadata_files.parse_text``); a new file is a scratch file of the mount (in
+  memory, never in the model: a tool's temporary, swap or backup file) until it is closed
+  under a key name (``is_key_name``: then a new key, a string or the type given by the
+  ``user.tensorfs.type`` extended attribute) or renamed onto a key (its text read in that
+  key's type: ``sed -i``); ``rm`` deletes the key, ``mv`` renames it.  Only
+  ``user.tensorfs.type`` changes a key's type.
 - a tensor's raw file: overwritten with bytes of its size; its ``.npy`` view: overwritten
   with a ``numpy.save`` file of its shape, stored in its type (``compose.encode_array``);
   ``rm`` of either removes the tensor, ``mv`` renames it.
-- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a snapshot per open.
+- ``files/<model file>``: the edited model (``tensorfs.editing.compose``), a new version (a
+  new inode) at each edit, so that an open reads one version whole.
 
 Each change is kept by the ``EditStore`` first (atomically), then shown.  The FUSE adapter
-(``tensorfs.mount.adapter``) calls in with nodes and handles; nothing here knows about FUSE, and
-errors are ``EditRefused(errno, why)``: the why is logged, the errno answered.
+(``tensorfs.mount.adapter``) calls in with nodes, and keeps the opens this module gives
+(``OpenFile``: ``ReadHandle``, a ``WriteHandle`` per kind of file), calling them by type;
+nothing here knows about FUSE, and errors are ``EditRefused(errno, why)``: the why is logged,
+the errno answered.
 """
 
 from __future__ import annotations
@@ -27,16 +33,18 @@ import os
 import re
 import threading
 import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import (
     ComposedFile,
+    Composer,
     EditError,
-    compose,
     edited_tensors,
     encode_array,
 )
-from tensorfs.editing.store import EditState, EditStore, TensorEdit
+from tensorfs.editing.store import EditState, EditStore, PendingData, TensorEdit
 from tensorfs.model import Model
 from tensorfs.mount.metadata_files import (
     DIRECTORY,
@@ -62,6 +70,13 @@ TYPE_XATTR = "user.tensorfs.type"
 MAX_METADATA_TEXT = 16 << 20
 # An .npy written over a view: its data in float64 at most, plus a header.
 NPY_SLACK = 1 << 16
+# Versions of a file of files/ replaced by an edit and not open, kept all the same: the
+# kernel opens what a lookup answered, which an edit in between may have replaced.
+OLD_VERSIONS_KEPT = 16
+# Scratch files of metadata/ (a tool's temporary, swap and backup files): at most this many,
+# holding at most this much in all.
+MAX_SCRATCH_FILES = 64
+MAX_SCRATCH_BYTES = 64 << 20
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
 
 
@@ -83,6 +98,26 @@ def _unescape(name: str) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+# the temporary names of sed -i (sedXXXXXX), perl -pi (XXXXXXXX) and Python's tempfile, and
+# the suffixes of a temporary or backup copy (KEY.tmp renamed over KEY)
+_TOOL_TEMPORARY = re.compile(r"sed[A-Za-z0-9]{6}|XX[A-Za-z0-9]{6}|tmp[a-z0-9_]{8}"
+                             r"|.*\.(tmp|temp|new|old|bak|orig|part|swp|swo|swx)")
+
+
+def is_key_name(name: str, fmt: str) -> bool:
+    """Whether a new file of metadata/ named ``name`` is a key once it is closed, or a
+    scratch file of the mount (docs/editing.md): a name that starts with ``.`` (vim's
+    ``.KEY.swp``), ends with ``~`` (a backup), is only digits (vim's ``4913``), is a
+    tool's temporary name (sed's ``sedAbC123``, perl's ``XXwdnW4t``, Python's
+    ``tmpk2j3x9ab``) or ends with ``.tmp``, ``.new``, ``.bak`` ... (``KEY.tmp``) is scratch,
+    and so, in a GGUF model, whose keys are dotted (``general.name``), is a name without a
+    dot inside it."""
+    if not name or name.startswith(".") or name.endswith("~") or name.isdigit() \
+            or _TOOL_TEMPORARY.fullmatch(name):
+        return False
+    return fmt != "gguf" or "." in name.strip(".")
+
+
 def _valid_type(type_name: str, fmt: str) -> bool:
     if fmt == "safetensors":
         return type_name == "string"
@@ -92,21 +127,293 @@ def _valid_type(type_name: str, fmt: str) -> bool:
     return base in SCALAR_TYPES
 
 
-class Handle:
-    """One file open for writing."""
+class OpenFile(ABC):
+    """One open of a file of an editable mount: what the FUSE adapter holds under the
+    handle number it gives the kernel, and calls for every request on that open."""
 
-    def __init__(self, kind: str, node: FileNode, limit: int):
-        self.kind = kind                # "metadata" | "raw" | "npy"
+    #: the node opened
+    node: FileNode
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """The file's size as this open sees it."""
+
+    @abstractmethod
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        """The bytes at ``offset`` as this open sees them, into ``buf``: how many (fewer
+        only at the end)."""
+
+    def flush(self) -> None:
+        """A ``close()`` of a descriptor of this open (FUSE_FLUSH)."""
+
+    def fsync(self) -> None:
+        """``fsync``/``msync`` of this open (FUSE_FSYNC)."""
+
+    def release(self) -> None:
+        """The last descriptor and map of this open are gone (FUSE_RELEASE)."""
+
+
+class ReadHandle(OpenFile):
+    """A file opened for reading.  ``snapshot``: the bytes this open reads for its life (a
+    version of a file of files/, ``View.snapshot``), or None: the file as it is at each
+    read, a write session's bytes included (``Editor.read_now``)."""
+
+    def __init__(self, editor: Editor, node: FileNode, snapshot: View | None):
+        self.editor = editor
+        self.node = node
+        self.snapshot = snapshot
+
+    @property
+    def size(self) -> int:
+        if self.snapshot is not None:
+            return self.snapshot.size
+        return self.editor.size_now(self.node)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        held = self.snapshot
+        if held is None:
+            return self.editor.read_now(self.node, offset, buf)
+        return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
+
+    def release(self) -> None:
+        self.editor.closed(self)
+
+
+class WriteHandle(OpenFile):
+    """A file open for writing: one per file, shared by every open of it for writing (as a
+    disk file's bytes are), and read by every open of it until the last one is released
+    (``Editor.read_now``).  Each ``close`` makes the bytes written so far the edit
+    (``flush``, ``fsync``); so does the last release, for writes that came after the last
+    close (a shared memory map written after ``close``, written back at ``munmap``).
+    ``limit``: the most bytes the file may hold."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int):
+        self.editor = editor
         self.node = node
         self.limit = limit
-        self.buf = bytearray()
-        self.pending = None             # PendingData of a raw file
+        self.opens = 1
         self.dirty = False
-        self.key: str | None = None     # metadata
-        self.type_name: str | None = None
-        self.created = False            # a key that exists only once this handle is closed
-        self.tensor: str | None = None  # the tensor's original name
-        self.unread = False             # an .npy opened without O_TRUNC: ``buf`` not read yet
+        self.reported = False       # the last attempt to keep the bytes failed, and said so
+        self.lock = threading.Lock()
+
+    # -- what each kind of file does -------------------------------------------------------
+    @abstractmethod
+    def _write(self, offset: int, data: bytes) -> None:
+        """Put ``data`` at ``offset`` (inside ``limit``)."""
+
+    @abstractmethod
+    def _truncate(self, size: int) -> None:
+        """Make the file ``size`` bytes long (inside ``limit``)."""
+
+    @abstractmethod
+    def _keep(self) -> None:
+        """Make the bytes written the edit (the editor's lock held): ``EditRefused`` if
+        they cannot be."""
+
+    def _drop(self) -> None:
+        """Let go of what the bytes being written hold (at the last release)."""
+
+    # -- the calls -------------------------------------------------------------------------
+    def write(self, offset: int, data: bytes) -> int:
+        end = offset + len(data)
+        if end > self.limit:
+            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {self.limit} bytes)")
+        with self.lock:
+            self._write(offset, data)
+            self.dirty, self.reported = True, False
+        return len(data)
+
+    def truncate(self, size: int) -> None:
+        if size > self.limit:
+            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
+        with self.lock:
+            self._truncate(size)
+            self.dirty, self.reported = True, False
+
+    def flush(self) -> None:
+        if not self.dirty:
+            return
+        with self.editor._editing(), self.lock:
+            if not self.dirty:
+                return
+            try:
+                self._keep()
+            except BaseException:
+                self.reported = True
+                raise
+            self.dirty = False
+
+    def fsync(self) -> None:
+        self.flush()
+
+    def release(self) -> None:
+        self.editor.release(self)
+
+
+class _BufferedWrite(WriteHandle):
+    """A file whose new bytes are held in memory until kept (a metadata file's text, an
+    ``.npy``).  ``unread``: opened without O_TRUNC, its current bytes not read yet (read at
+    the first write)."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool):
+        super().__init__(editor, node, limit)
+        self.buf = bytearray()
+        self.unread = not truncate
+
+    def _read_now(self, upto: int | None = None) -> None:
+        if self.unread:
+            view = self.node.view
+            self.buf = bytearray(view.read(0, view.size if upto is None else min(upto, view.size)))
+            self.unread = False
+
+    def _write(self, offset: int, data: bytes) -> None:
+        self._read_now()
+        if offset > len(self.buf):
+            self.buf.extend(bytes(offset - len(self.buf)))
+        self.buf[offset:offset + len(data)] = data
+
+    def _truncate(self, size: int) -> None:
+        self._read_now(size)
+        del self.buf[size:]
+        self.buf.extend(bytes(size - len(self.buf)))
+
+    @property
+    def size(self) -> int:
+        return self.node.view.size if self.unread else len(self.buf)
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        with self.lock:
+            if self.unread:
+                return self.node.view.read_into(offset, buf)
+            part = memoryview(self.buf)[offset:offset + len(buf)]
+            buf[:len(part)] = part
+            return len(part)
+
+
+class MetadataWrite(_BufferedWrite):
+    """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
+    ``key`` None: a scratch file of metadata/ (``Editor._scratch_handle``: its ``buf`` is
+    the scratch file's bytes, written in place), a key only once closed under a key name.
+    ``created``: a key that exists only once this text is kept."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 key: str | None, type_name: str, created: bool = False):
+        super().__init__(editor, node, limit, truncate)
+        self.key = key
+        self.type_name = type_name
+        self.created = created
+
+    def _write(self, offset: int, data: bytes) -> None:
+        end = offset + len(data)
+        if self.key is None and end > len(self.buf) \
+                and self.editor._scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
+            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
+                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
+        super()._write(offset, data)
+        if self.type_name != "string" and not self.type_name.startswith("array") \
+                and self.buf.endswith(b"\n"):
+            # a scalar's one line is complete: text that does not read fails the write
+            # itself, which the shell reports (`echo two > KEY`: it ignores close)
+            try:
+                parse_text(self.type_name, bytes(self.buf))
+            except TextError as error:
+                self.dirty = True
+                what = "the key keeps its value" if self.key is not None else "not a key"
+                raise EditRefused(errno.EINVAL, f"metadata/{self.key or 'file'}: {error} "
+                                  f"({what})") from None
+
+    def _keep(self) -> None:
+        self.editor._flush_metadata(self)
+
+
+class NpyWrite(_BufferedWrite):
+    """A tensor's ``.npy`` open for writing: a ``numpy.save`` file, stored in the tensor's
+    type when kept.  ``tensor``: the tensor's original name."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 tensor: str):
+        super().__init__(editor, node, limit, truncate)
+        self.tensor = tensor
+
+    def _keep(self) -> None:
+        self.editor._flush_npy(self)
+
+
+class RawWrite(WriteHandle):
+    """A tensor's raw file open for writing: its new bytes in a file of the edit store
+    (``PendingData``), a copy of its bytes made at the first write that does not replace
+    them all; kept at its size only.  ``tensor``: the tensor's original name."""
+
+    def __init__(self, editor: Editor, node: FileNode, limit: int, truncate: bool,
+                 tensor: str):
+        super().__init__(editor, node, limit)
+        self.tensor = tensor
+        self.pending: PendingData | None = editor.store.new_data() if truncate else None
+
+    def _started(self, copy_upto: int) -> PendingData:
+        pending = self.pending
+        if pending is None:
+            pending = self.pending = self.editor.store.new_data()
+            if copy_upto:
+                Editor._copy_into(self.node.view, pending)
+        return pending
+
+    def _write(self, offset: int, data: bytes) -> None:
+        self._started(1).pwrite(offset, data)
+
+    def _truncate(self, size: int) -> None:
+        self._started(size).truncate(size)
+
+    def _keep(self) -> None:
+        self.editor._flush_raw(self)
+
+    def _drop(self) -> None:
+        if self.pending is not None:
+            self.pending.drop()
+            self.pending = None
+
+    @property
+    def size(self) -> int:
+        pending = self.pending
+        return self.node.view.size if pending is None else pending.size
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        with self.lock:
+            pending = self.pending
+            if pending is None:
+                return self.node.view.read_into(offset, buf)
+            return pending.read_into(offset, buf)
+
+
+class ScratchView(View):
+    """A scratch file of metadata/: its bytes, in memory, changed in place by its writers."""
+
+    cheap_size = True
+
+    def __init__(self, data: bytearray | None = None):
+        self.data = bytearray() if data is None else data
+        self.mtime_ns = time.time_ns()
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return bytes(self.data[offset:offset + size])
+
+
+class Scratch:
+    """A file made in metadata/ that is not a key (yet): its name, its bytes (``view``), the
+    type given by ``user.tensorfs.type`` (None: a string, or the type of the key it replaces),
+    and the handle that created it while that is open."""
+
+    def __init__(self, name: str, node: FileNode, view: ScratchView, type_name: str | None):
+        self.name = name
+        self.node = node
+        self.view = view
+        self.type_name = type_name
+        self.handle: MetadataWrite | None = None
 
 
 class Editor:
@@ -123,24 +430,34 @@ class Editor:
         self.metadata_editable = self.model_file.format == "gguf" or len(model.files) == 1
         self.sources = {f.path: mounted.sources[f.path] for f in model.files}
         self.headers = {f.path: self.sources[f.path].read(0, f.header_size) for f in model.files}
+        self.composers = {f.path: Composer(f, self.headers[f.path], self.sources[f.path],
+                                           store.data) for f in model.files}
         self.tree = mounted.tree
         self.cache = mounted.cache
         self.budget = mounted.budget
         self.pool = mounted.pool
+        self.long_work = mounted.long_work      # an edited tensor's sha256, as the model's
         self.layout = layout
         self.store = store
         self.lock = threading.RLock()
         self.mtime_ns = time.time_ns()
         self.version = itertools.count(1)
         # set by the FUSE adapter: called with the nodes an edit changed, after the edit
-        self.on_change = None
+        self.on_change: Callable[[list], None] | None = None
         self._changed: list = []
         self._depth = 0
-        self._ghost = None          # (directory, name, node): see ``ghost``
+        self._ghost: tuple | None = None    # (directory, name, node): see ``ghost``
         self._composed: tuple[EditState, dict] | None = None
         self._dir_paths: dict[int, str] = {1: ""}
         self._tensor_of: dict[int, str] = {}        # a moved file's inode -> original name
-        self._creating: dict[int, Handle] = {}      # a new key's inode -> its handle
+        self._writers: dict[int, WriteHandle] = {}      # inode -> its write session
+        self._readers: dict[int, int] = {}      # a version of files/ -> its open readers
+        self._old: dict[int, None] = {}         # versions of files/ no longer current, oldest first
+        self._scratch: dict[int, Scratch] = {}      # a scratch file's inode -> it
+        # name -> type of a key removed or renamed to a scratch name: a file made again under
+        # that name is read in that type (mv from another file system: unlink, then create;
+        # vim's backup by rename: KEY to KEY~, then a new KEY)
+        self._left_types: dict[str, str] = {}
         self._by_name = {t.name: t for t in model.tensors}
         self.meta_dir = self.tree.lookup("/" + DIRECTORY)
         self._key_of: dict[int, str] = {}
@@ -150,20 +467,68 @@ class Editor:
                 if node is not None:
                     self._key_of[node.ino] = key
                     node.xattrs = {TYPE_XATTR: value.type_name.encode()}
+                    # a key's time is its own last change: an edit of another key or a
+                    # tool's scratch file is no change of this file (vim checks)
+                    node.view.mtime_ns = self.mtime_ns
         self.metadata_json = self.tree.lookup("/metadata.json")
         self.whole_files: list = []
+        self._whole_paths: list[str] = []
         self.index_node = None
-        files = self.tree.lookup("/files")
+        self._files_dir = files = self.tree.lookup("/files")
         if files is not None:
             for f in model.files:
                 node = files.children.get(entry_name(os.path.basename(f.path)))
                 if node is not None:
-                    node.view = ComposedView(self, f.path)
+                    node.view = ComposedView(self, f.path, store.state)
                     self.whole_files.append(node)
+                    self._whole_paths.append(f.path)
             if model.files[0].format == "safetensors" and len(model.files) > 1:
                 self._serve_index(files)
+        self._composed = (store.state, self._check_kept(store.state))
         self._replay(store.state)
         self._refresh_generated()
+
+    def _check_kept(self, state: EditState) -> dict:
+        """The edits kept in DIR, checked against the model as strictly as a model's header
+        is (DIR is input: a hand-edited journal, a data file gone or cut short): the files
+        they compose to, or ``EditError`` naming what is wrong, in one line."""
+        where = f"{self.store.root}/edits.json"
+        if state.metadata and not self.metadata_editable:
+            raise EditError(f"{where}: edits a sharded safetensors model's metadata (its "
+                            "index's, which is not edited)")
+        fmt = self.model_file.format
+        for key, typed in state.metadata.items():
+            if typed is None:
+                if key not in self.model_file.metadata:
+                    raise EditError(f"{where}: deletes {key!r}, which the model does not have")
+            elif not _valid_type(typed[0], fmt):
+                raise EditError(f"{where}: {key!r} has type {typed[0]!r}, not a metadata type "
+                                f"of a {fmt} model")
+        names: dict[str, str] = {}
+        for t in self.model.tensors:
+            edit = state.tensors.get(t.name)
+            name = t.name if edit is None else edit.name
+            if name is not None and names.setdefault(name, t.name) != t.name:
+                raise EditError(f"{where}: two tensors are named {name!r}")
+        for original, edit in state.tensors.items():
+            t = self._by_name.get(original)
+            if t is None:
+                raise EditError(f"{where}: edits tensor {original!r}, which the model does "
+                                "not have")
+            if edit.data is None:
+                continue
+            try:
+                size = self.store.data(edit.data).size
+            except OSError as error:
+                raise EditError(f"{where}: the new bytes of {original!r} cannot be opened "
+                                f"({edit.data}: {error.strerror})") from None
+            if size != t.nbytes:
+                raise EditError(f"{where}: the new bytes of {original!r} ({edit.data}) are "
+                                f"{size} bytes, the tensor holds {t.nbytes}")
+        try:
+            return self._compose_all(state)
+        except (EditError, TextError) as error:
+            raise EditError(f"{where}: {error}") from None
 
     def _serve_index(self, files) -> None:
         """A sharded safetensors model's index in files/: its weight_map follows the
@@ -182,7 +547,7 @@ class Editor:
             if isinstance(index, dict) and isinstance(index.get("weight_map"), dict):
                 self.index_node = node
                 self._index = index
-                node.view = IndexView(self)
+                node.view = IndexView(self, self.store.state)
             return
 
     def index_bytes(self, state: EditState) -> bytes:
@@ -225,19 +590,19 @@ class Editor:
         """path -> ComposedFile of every model file.  Metadata edits go to the metadata
         file; a split GGUF's ``split.tensors.count`` follows the tensors removed."""
         out = {}
-        total = sum(1 for t in self.model.tensors
-                    if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
         for f in self.files:
             if f is self.model_file:
                 file_state = state
                 count = f.metadata.get("split.tensors.count")
-                if count is not None and len(self.files) > 1 and count.value() != total:
-                    file_state = state.with_metadata("split.tensors.count",
-                                                     (count.type_name, total))
+                if count is not None and len(self.files) > 1:
+                    total = sum(1 for t in self.model.tensors
+                                if state.tensors.get(t.name, TensorEdit(t.name)).name is not None)
+                    if count.value() != total:
+                        file_state = state.with_metadata("split.tensors.count",
+                                                         (count.type_name, total))
             else:
-                file_state = EditState({}, state.tensors)
-            out[f.path] = compose(f, self.headers[f.path], self.sources[f.path], file_state,
-                                  self.store.data)
+                file_state = EditState({}, state.tensors)     # its composer keeps its layout
+            out[f.path] = self.composers[f.path].compose(file_state)
         return out
 
     def composed(self, path: str | None = None, state: EditState | None = None) -> ComposedFile:
@@ -253,8 +618,8 @@ class Editor:
             self._composed = (state, composed)
         return composed
 
-    def edited_model(self) -> Model:
-        files = tuple(c.model_file for c in self.composed_all().values())
+    def edited_model(self, state: EditState | None = None) -> Model:
+        files = tuple(c.model_file for c in self.composed_all(state).values())
         tensors = tuple(t for f in files for t in f.tensors)
         metadata = files[0].metadata if self.metadata_editable else self.model.metadata
         return Model(files, tensors, metadata, self.model.source)
@@ -273,20 +638,55 @@ class Editor:
         self.store.commit(state)
         self._composed = (state, composed)
         self.mtime_ns = time.time_ns()
+        self._new_versions(state, composed)
         self._refresh_generated()
         self._touch(self.tree.root, self.meta_dir, self.metadata_json, self.index_node,
                     *self.whole_files)
+
+    def _new_versions(self, state: EditState, composed: dict) -> None:
+        """Each file of files/, and metadata.json, a new inode after a commit, as a file
+        replaced by rename: an open (and a map) of the old one keeps reading the old version
+        whole, the kernel's pages of it included; the next lookup finds the new one.  An old version is kept
+        while a reader holds it, and the last ``OLD_VERSIONS_KEPT`` besides (a lookup just
+        answered may still be opened)."""
+        directory = self._files_dir
+        replaced = []
+        for i, (node, path) in enumerate(zip(self.whole_files, self._whole_paths)):
+            new = self.tree.new_node(ComposedView(self, path, state, composed[path]), node.xattrs)
+            self.whole_files[i] = new
+            replaced.append((node, new))
+        if self.index_node is not None:
+            new = self.tree.new_node(IndexView(self, state), self.index_node.xattrs)
+            replaced.append((self.index_node, new))
+            self.index_node = new
+        for node, new in replaced:
+            self._replace_node(directory, node, new)
+        if self.metadata_json is not None:      # its view: _refresh_generated
+            new = self.tree.new_node(self.metadata_json.view, self.metadata_json.xattrs)
+            self._replace_node(self.tree.root, self.metadata_json, new)
+            self.metadata_json = new
+        self._forget_old()
+        self._touch(directory, self.tree.root)
+
+    def _replace_node(self, directory: DirNode, node: FileNode, new: FileNode) -> None:
+        children = directory.children
+        for name, child in list(children.items()):
+            if child is node:
+                children[name] = new
+        self._old[node.ino] = None
 
     def _refresh_generated(self) -> None:
         if self.metadata_json is None:
             return
         version = next(self.version)
+        state = self.state
 
         def produce():
-            model = self.edited_model()
+            model = self.edited_model(state)
             paths, plans = describe(model, self.layout)
             return metadata_json_pieces(model, paths, plans, TENSOR_VIEWS)
-        self.metadata_json.view = GeneratedView(self.cache, ("metadata.json", version), produce)
+        self.metadata_json.view = _GeneratedVersion(self.cache, ("metadata.json", version),
+                                                    produce)
 
     # -- the tree ----------------------------------------------------------------------------
     def saw(self, parent_ino: int, name: str, node) -> None:
@@ -300,7 +700,8 @@ class Editor:
         if isinstance(node, DirNode):
             return node is self.tree.root or node is self.meta_dir or node.ino in self._dir_paths \
                 and self._dir_paths[node.ino].split("/")[0] not in READ_ONLY_TOP
-        return node.ino in self._key_of or self._original(node) is not None
+        return node.ino in self._key_of or node.ino in self._scratch \
+            or self._original(node) is not None
 
     def _original(self, node) -> str | None:
         """The original name of the tensor a file is of, or None."""
@@ -309,11 +710,12 @@ class Editor:
         moved = self._tensor_of.get(node.ino)
         if moved is not None:
             return moved
-        tensor = getattr(node.xattrs, "tensor", None)
-        return tensor.name if tensor is not None else None
+        xattrs = node.xattrs
+        return xattrs.tensor.name if isinstance(xattrs, TensorXattrs) else None
 
     def _is_raw(self, node: FileNode) -> bool:
-        return getattr(node.xattrs, "raw", None) is not None
+        xattrs = node.xattrs
+        return isinstance(xattrs, TensorXattrs) and xattrs.raw is not None
 
     def _sibling(self, node: FileNode):
         other = self.tree.node(node.ino + (1 if self._is_raw(node) else -1))
@@ -343,8 +745,10 @@ class Editor:
             if n is not None:
                 is_raw = self._is_raw(n)
                 n.view = raw if is_raw else view
-                # the raw file's sha256 is of its bytes now, not of the model's
-                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None)
+                # the raw file's sha256 is of its bytes now, not of the model's, hashed
+                # as the model's are (a large one by the mount's long work, no thread held)
+                n.xattrs = TensorXattrs(self._by_name[original], raw if is_raw else None,
+                                        self.long_work)
                 self._touch(n)
 
     def _place_dir(self, path: str) -> DirNode:
@@ -414,6 +818,7 @@ class Editor:
 
         value = typed_value(*typed)
         view = metadata_view(self.cache, key, value, next(self.version))
+        view.mtime_ns = time.time_ns()
         node = children.get(name)
         if node is None:
             node = children[name] = self.tree.new_node(view)
@@ -424,46 +829,89 @@ class Editor:
         self._touch(node, self.meta_dir)
 
     # -- opening for writing -----------------------------------------------------------------
-    def open_write(self, node, truncate: bool) -> Handle:
+    def open_write(self, node, truncate: bool) -> WriteHandle:
+        """The file's write session: a new one, or the one already open (O_TRUNC empties
+        it)."""
         with self._editing():
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, "a directory")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                handle = Handle("metadata", node, pending.limit)
-                handle.key, handle.type_name, handle.created = pending.key, pending.type_name, True
-                handle.buf = bytearray(pending.buf)
-                return handle
-            key = self._key_of.get(node.ino)
-            if key is not None:
-                size = node.view.size
-                handle = Handle("metadata", node, max(MAX_METADATA_TEXT, 2 * size))
-                handle.key = key
-                handle.type_name = node.xattrs[TYPE_XATTR].decode()
-                if not truncate:
-                    handle.buf = bytearray(node.view.read(0, size))
-                return self._truncated(handle, truncate)
-            original = self._original(node)
-            if original is None:
-                raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
-                                  "be written")
-            t = self._by_name[original]
-            if self._is_raw(node):
-                handle = Handle("raw", node, t.nbytes)
+            handle = self._writers.get(node.ino)
+            if handle is not None:
+                handle.opens += 1
                 if truncate:
-                    handle.pending = self.store.new_data()
-            else:
-                handle = Handle("npy", node, t.n_elements * 8 + NPY_SLACK)
-                handle.unread = not truncate    # its current bytes, read at the first write
-            handle.tensor = original
-            return self._truncated(handle, truncate)
+                    handle.truncate(0)
+                return handle
+            handle = self._new_writer(node, truncate)
+            handle.dirty = truncate         # closing it is an edit even with nothing written
+            self._writers[node.ino] = handle
+            return handle
 
-    @staticmethod
-    def _truncated(handle: Handle, truncate: bool) -> Handle:
+    def _new_writer(self, node: FileNode, truncate: bool) -> WriteHandle:
         """Opened with O_TRUNC: the file is empty now, and closing it is an edit (``cp
         /dev/null metadata/KEY`` sets the empty string) even with nothing written."""
-        handle.dirty = truncate
-        return handle
+        scratch = self._scratch.get(node.ino)
+        if scratch is not None:
+            return self._scratch_handle(scratch, truncate)
+        key = self._key_of.get(node.ino)
+        if key is not None:
+            return MetadataWrite(self, node, max(MAX_METADATA_TEXT, 2 * node.view.size),
+                                 truncate, key, node.xattrs[TYPE_XATTR].decode())
+        original = self._original(node)
+        if original is None:
+            raise EditRefused(errno.EACCES, "only metadata/ files and tensor files can "
+                              "be written")
+        t = self._by_name[original]
+        if self._is_raw(node):
+            return RawWrite(self, node, t.nbytes, truncate, original)
+        return NpyWrite(self, node, t.n_elements * 8 + NPY_SLACK, truncate, original)
+
+    def open_read(self, node) -> ReadHandle:
+        """A reader's handle; a version of a file of files/ is counted while open."""
+        if isinstance(node, DirNode):
+            raise EditRefused(errno.EISDIR, "a directory")
+        node.view.open()
+        snapshot = node.view.snapshot()
+        if snapshot is not None:
+            with self.lock:
+                self._readers[node.ino] = self._readers.get(node.ino, 0) + 1
+        return ReadHandle(self, node, snapshot)
+
+    def closed(self, handle: ReadHandle) -> None:
+        """A reader let go: a version of files/ that is no longer the current one and has
+        no reader left is forgotten."""
+        if handle.snapshot is None:
+            return
+        with self.lock:
+            ino = handle.node.ino
+            left = self._readers[ino] = self._readers[ino] - 1
+            if not left:
+                del self._readers[ino]
+                self._forget_old()
+
+    def _forget_old(self) -> None:
+        """Forget the versions of files/ that no reader holds, but the last
+        ``OLD_VERSIONS_KEPT`` of them."""
+        unread = [ino for ino in self._old if not self._readers.get(ino)]
+        for ino in unread[:max(0, len(unread) - OLD_VERSIONS_KEPT)]:
+            del self._old[ino]
+            self.tree.forget(ino)
+
+    def writer(self, node) -> WriteHandle | None:
+        """The write session open on ``node``, or None."""
+        return self._writers.get(node.ino)
+
+    def size_now(self, node) -> int:
+        """A file's size as every open sees it: its write session's while one is open."""
+        handle = self._writers.get(node.ino)
+        return node.view.size if handle is None else handle.size
+
+    def read_now(self, node, offset: int, buf: memoryview) -> int:
+        """A file's bytes as every open sees them: its write session's while one is open (a
+        read after a write sees it, before any close), else its view's."""
+        handle = self._writers.get(node.ino)
+        if handle is None:
+            return node.view.read_into(offset, buf)
+        return handle.read_into(offset, buf)
 
     @staticmethod
     def _copy_into(view, pending) -> None:
@@ -475,7 +923,7 @@ class Editor:
             pending.pwrite(at, data)
             at += len(data)
 
-    def create(self, parent, name: str) -> tuple[FileNode, Handle]:
+    def create(self, parent, name: str) -> tuple[FileNode, MetadataWrite]:
         with self._editing():
             if parent is not self.meta_dir:
                 raise EditRefused(errno.EPERM, "new files are made in metadata/ only (a new key)")
@@ -485,83 +933,61 @@ class Editor:
             if name in parent.children:
                 raise EditRefused(errno.EEXIST, f"metadata/{name}: exists already")
             key = _unescape(name)
-            if not key:
-                raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
-            node = self.tree.new_node(GeneratedView(self.cache, ("new key", name,
-                                                                 next(self.version)), lambda: b""))
-            node.xattrs = {TYPE_XATTR: b"string"}
-            parent.children[name] = node
-            handle = Handle("metadata", node, MAX_METADATA_TEXT)
-            handle.key, handle.type_name, handle.created, handle.dirty = key, "string", True, True
-            self._creating[node.ino] = handle
-            self._touch(parent)
-            return node, handle
+            if not key or "\0" in key:
+                raise EditRefused(errno.EINVAL, f"{name!r}: a metadata key is a non-empty "
+                                  "name without NUL")
+            self._canonical(name, key)
+            if len(self._scratch) >= MAX_SCRATCH_FILES:
+                raise EditRefused(errno.ENOSPC, f"metadata/{name}: {MAX_SCRATCH_FILES} files "
+                                  "not yet keys are open or left: remove some")
+            scratch = self._new_scratch(name, ScratchView(), self._left_types.pop(name, None))
+            handle = self._scratch_handle(scratch, True)
+            handle.dirty = True
+            scratch.handle = self._writers[scratch.node.ino] = handle
+            return scratch.node, handle
+
+    def _new_scratch(self, name: str, view: ScratchView, type_name: str | None) -> Scratch:
+        """A scratch file ``name`` of metadata/ (in the tree; not a key)."""
+        node = self.tree.new_node(view)
+        scratch = Scratch(name, node, view, type_name)
+        node.xattrs = {TYPE_XATTR: (type_name or "string").encode()}
+        self.meta_dir.children[name] = node
+        self._scratch[node.ino] = scratch
+        self._touch(self.meta_dir, node)
+        return scratch
+
+    def _scratch_handle(self, scratch: Scratch, truncate: bool) -> MetadataWrite:
+        """A write session of a scratch file (a ``MetadataWrite`` of no key yet) that writes
+        the file's bytes in place (a rename or a read before the close sees them)."""
+        handle = MetadataWrite(self, scratch.node, MAX_METADATA_TEXT, True, None,
+                               scratch.type_name or "string", created=True)
+        if truncate:
+            del scratch.view.data[:]
+        handle.buf = scratch.view.data
+        return handle
 
     # -- writing -----------------------------------------------------------------------------
-    def write(self, handle: Handle, offset: int, data: bytes) -> int:
-        end = offset + len(data)
-        if end > handle.limit:
-            raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {handle.limit} bytes)")
-        if handle.kind == "raw":
-            if handle.pending is None:
-                handle.pending = self.store.new_data()
-                self._copy_into(handle.node.view, handle.pending)
-            handle.pending.pwrite(offset, data)
-        else:
-            if handle.unread:
-                handle.buf = bytearray(handle.node.view.read(0, handle.node.view.size))
-                handle.unread = False
-            if offset > len(handle.buf):
-                handle.buf.extend(bytes(offset - len(handle.buf)))
-            handle.buf[offset:end] = data
-        handle.dirty = True
-        if handle.kind == "metadata" and handle.type_name != "string" \
-                and not handle.type_name.startswith("array") and handle.buf.endswith(b"\n"):
-            # a scalar's one line is complete: text that does not read fails the write
-            # itself, which the shell reports (`echo two > KEY`: it ignores close)
-            try:
-                parse_text(handle.type_name, bytes(handle.buf))
-            except TextError as error:
-                raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
-                                  f"(the key keeps its value)") from None
-        return len(data)
-
-    def truncate(self, node, size: int, handle: Handle | None) -> None:
-        if handle is None:
-            if isinstance(node, FileNode) and size == node.view.size:
-                return
-            raise EditRefused(errno.EINVAL, "truncate an open file (open with O_TRUNC)")
-        if size > handle.limit:
-            raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
-        if handle.kind == "raw":
-            if handle.pending is None:
-                handle.pending = self.store.new_data()
-                if size:
-                    self._copy_into(handle.node.view, handle.pending)
-            handle.pending.truncate(size)
-        else:
-            if handle.unread:
-                handle.buf = bytearray(handle.node.view.read(0, min(size, handle.node.view.size)))
-                handle.unread = False
-            del handle.buf[size:]
-            handle.buf.extend(bytes(size - len(handle.buf)))
-        handle.dirty = True
-
-    def size_of(self, handle: Handle) -> int:
-        if handle.pending is not None:
-            return handle.pending.size
-        if handle.kind == "raw" or handle.unread:
-            return handle.node.view.size
-        return len(handle.buf)
+    def truncate(self, node, size: int) -> None:
+        """``truncate PATH`` of a file no open of the caller's writes: its write session's
+        if one is open; else only to the size it has."""
+        handle = self._writers.get(node.ino) if isinstance(node, FileNode) else None
+        if handle is not None:
+            handle.truncate(size)
+            return
+        if isinstance(node, FileNode) and size == node.view.size:
+            return
+        raise EditRefused(errno.EINVAL, "truncate an open file (open with O_TRUNC)")
 
     def set_type(self, node, type_name: str) -> None:
         """``user.tensorfs.type``: the GGUF type a new key is read in, or a key re-typed."""
         with self._editing():
             if not _valid_type(type_name, self.model_file.format):
                 raise EditRefused(errno.EINVAL, f"{type_name!r}: not a metadata type here")
-            pending = self._creating.get(node.ino)
-            if pending is not None:
-                pending.type_name = type_name
+            scratch = self._scratch.get(node.ino)
+            if scratch is not None:
+                scratch.type_name = type_name
+                if scratch.handle is not None:
+                    scratch.handle.type_name = type_name
                 node.xattrs = {TYPE_XATTR: type_name.encode()}
                 return
             key = self._key_of.get(node.ino)
@@ -574,31 +1000,66 @@ class Editor:
                 raise EditRefused(errno.EINVAL, f"{key}: {error}") from None
             self._set_key(key, (type_name, value))
 
-    # -- closing: the edit takes effect ------------------------------------------------------
-    def flush(self, handle: Handle) -> None:
-        if not handle.dirty:
+    # -- closing: the edit takes effect (WriteHandle.flush calls these) ---------------------
+    def _flush_metadata(self, handle: MetadataWrite) -> None:
+        if handle.key is None:
+            self._flush_scratch(handle)
             return
-        with self._editing():
-            if handle.kind == "metadata":
-                self._flush_metadata(handle)
-            elif handle.kind == "raw":
-                self._flush_raw(handle)
-            else:
-                self._flush_npy(handle)
-            handle.dirty = False
-
-    def _flush_metadata(self, handle: Handle) -> None:
         try:
             value = parse_text(handle.type_name, bytes(handle.buf))
         except TextError as error:
             raise EditRefused(errno.EINVAL, f"metadata/{handle.key}: {error} "
                               f"(the key keeps its value)") from None
-        if handle.created and self._creating.get(handle.node.ino) is None \
-                and handle.node.ino not in self._key_of:
+        if handle.node.ino not in self._key_of:
             raise EditRefused(errno.ENOENT, f"metadata/{handle.key}: removed meanwhile")
         self._set_key(handle.key, (handle.type_name, value))
-        self._creating.pop(handle.node.ino, None)
-        handle.created = False
+
+    def _flush_scratch(self, handle: MetadataWrite) -> None:
+        """A scratch file closed: under a key name it becomes that key (in the type set on
+        it, else a string); under a scratch name it stays what it is."""
+        scratch = self._scratch.get(handle.node.ino)
+        if scratch is None:         # renamed over a key, or removed, while open
+            return
+        scratch.view.mtime_ns = time.time_ns()
+        if not is_key_name(scratch.name, self.model_file.format):
+            return
+        key = _unescape(scratch.name)
+        typed = self._parsed(key, scratch.type_name or "string", bytes(scratch.view.data),
+                             "the key is not made")
+        self._commit(self.state.with_metadata(key, typed))
+        self._become_key(handle.node, key, typed)
+        handle.key, handle.buf, handle.created = key, bytearray(handle.buf), False
+
+    @staticmethod
+    def _parsed(key: str, type_name: str, text: bytes, outcome: str) -> tuple:
+        try:
+            return type_name, parse_text(type_name, text)
+        except TextError as error:
+            raise EditRefused(errno.EINVAL, f"metadata/{key}: {error} ({outcome})") from None
+
+    def _become_key(self, node, key: str, typed) -> None:
+        """A scratch file's node is now the file of ``key`` (committed already)."""
+        scratch = self._scratch.pop(node.ino, None)
+        if scratch is not None and scratch.handle is not None:
+            scratch.handle.created = False
+        self._key_of[node.ino] = key
+        self._show_key(key, typed)
+
+    def _canonical(self, name: str, key: str) -> None:
+        """A key name is the one metadata/ shows for its key: another spelling of it
+        (``a%2Eb`` for ``a.b``) would make a second file of one key."""
+        if is_key_name(name, self.model_file.format) and metadata_file_name(key) != name:
+            raise EditRefused(errno.EINVAL, f"metadata/{name}: the file of key {key!r} is "
+                              f"metadata/{metadata_file_name(key)}")
+
+    def _leave_type(self, name: str, node) -> None:
+        self._left_types.pop(name, None)
+        self._left_types[name] = node.xattrs[TYPE_XATTR].decode()
+        while len(self._left_types) > MAX_SCRATCH_FILES:
+            del self._left_types[next(iter(self._left_types))]
+
+    def _scratch_bytes(self) -> int:
+        return sum(len(s.view.data) for s in self._scratch.values())
 
     def _set_key(self, key: str, typed) -> None:
         self._commit(self.state.with_metadata(key, typed))
@@ -608,7 +1069,7 @@ class Editor:
         edit = self.state.tensors.get(original)
         return original if edit is None else edit.name
 
-    def _flush_raw(self, handle: Handle) -> None:
+    def _flush_raw(self, handle: RawWrite) -> None:
         t = self._by_name[handle.tensor]
         pending = handle.pending
         if pending.size != t.nbytes:
@@ -622,7 +1083,7 @@ class Editor:
         handle.pending = None           # a later write starts from the bytes kept now
         self._replace_data(handle, name, data_name)
 
-    def _flush_npy(self, handle: Handle) -> None:
+    def _flush_npy(self, handle: NpyWrite) -> None:
         import numpy as np
 
         t = self._by_name[handle.tensor]
@@ -639,21 +1100,36 @@ class Editor:
             raise EditRefused(errno.ENOENT, f"{t.name}: removed meanwhile")
         self._replace_data(handle, name, self.store.put_data(data))
 
-    def _replace_data(self, handle: Handle, name: str, data_name: str) -> None:
+    def _replace_data(self, handle: RawWrite | NpyWrite, name: str, data_name: str) -> None:
         self._commit(self.state.with_tensor(handle.tensor, TensorEdit(name, data_name)))
         self._set_views(handle.node, handle.tensor, data_name)
 
-    def release(self, handle: Handle) -> None:
+    def release(self, handle: WriteHandle) -> None:
+        """One open of ``handle`` let go; at the last, bytes written since the last close
+        are kept (or the refusal logged: no caller is left to tell), and the session ends."""
         with self._editing():
-            if handle.pending is not None:
-                handle.pending.drop()
-            if handle.created and self._creating.get(handle.node.ino) is handle:
-                # a new key never closed with a value it reads as: not made
-                del self._creating[handle.node.ino]
-                for name, node in list(self.meta_dir.children.items()):
-                    if node is handle.node:
-                        del self.meta_dir.children[name]
-                self._touch(self.meta_dir)
+            handle.opens -= 1
+            if handle.opens:
+                return
+            if self._writers.get(handle.node.ino) is handle:
+                del self._writers[handle.node.ino]
+            try:
+                if handle.dirty and not handle.reported:
+                    handle.flush()
+            except OSError as error:
+                log.warning("edit refused at the last close: %s", error.strerror or error)
+            finally:
+                with handle.lock:
+                    handle._drop()
+            scratch = self._scratch.get(handle.node.ino)
+            if scratch is not None and scratch.handle is handle:
+                scratch.handle = None
+                if is_key_name(scratch.name, self.model_file.format):
+                    # a new key never closed with a value it reads as: not made
+                    del self._scratch[handle.node.ino]
+                    if self.meta_dir.children.get(scratch.name) is handle.node:
+                        del self.meta_dir.children[scratch.name]
+                    self._touch(self.meta_dir)
 
     # -- removing and renaming ---------------------------------------------------------------
     def ghost(self, parent, name: str):
@@ -675,15 +1151,15 @@ class Editor:
                 raise EditRefused(errno.ENOENT, name)
             if isinstance(node, DirNode):
                 raise EditRefused(errno.EISDIR, name)
-            if node.ino in self._creating:
-                del self._creating[node.ino]
+            if node.ino in self._scratch:
+                del self._scratch[node.ino]
                 del parent.children[name]
                 self._touch(parent)
                 return
             key = self._key_of.get(node.ino)
             if key is not None and parent is self.meta_dir:
-                self._commit(self.state.with_metadata(key, None) if key in self.model_file.metadata
-                             else self.state.without_metadata(key))
+                self._commit(self._without_key(self.state, key))
+                self._leave_type(name, node)
                 self._show_key(key, None)
                 return
             original = self._original(node)
@@ -730,25 +1206,75 @@ class Editor:
                 self._rename_tensor(node, parent, new_parent, new_name)
             self._touch(parent, new_parent)
 
-    def _rename_key(self, node, name: str, new_name: str) -> None:
-        key = self._key_of.get(node.ino)
-        if key is None:
-            raise EditRefused(errno.EPERM, "close a new key before renaming it")
-        new_key = _unescape(new_name)
-        if not new_key:
-            raise EditRefused(errno.EINVAL, "a metadata key cannot be empty")
+    def _key_typed(self, key: str) -> tuple:
         typed = self.state.metadata.get(key)
         if typed is None:
             value = self.model_file.metadata[key]
             typed = (value.type_name, value.value())
-        state = self.state.with_metadata(key, None) if key in self.model_file.metadata \
-            else self.state.without_metadata(key)
-        if new_key not in self.model_file.metadata:
-            state = state.without_metadata(new_key)
-        state = state.with_metadata(new_key, typed)
-        self._commit(state)
-        self._show_key(key, None)
-        self._show_key(new_key, typed)
+        return typed
+
+    def _without_key(self, state: EditState, key: str) -> EditState:
+        return state.with_metadata(key, None) if key in self.model_file.metadata \
+            else state.without_metadata(key)
+
+    def _rename_key(self, node, name: str, new_name: str) -> None:
+        """``mv`` inside metadata/ (docs/editing.md): onto a key, the moved file's text is
+        that key's new value, read in that key's type (sed -i, perl -pi, an atomic
+        write's rename); a key to a new key name is renamed, type and all; a scratch file to
+        a key name becomes that key; a key to a scratch name (vim's backup) leaves the model
+        and is a scratch file holding its text, and the type goes to a file made again
+        under the key's name."""
+        fmt = self.model_file.format
+        if new_name == name:
+            return
+        children = self.meta_dir.children
+        key = self._key_of.get(node.ino)
+        scratch = self._scratch.get(node.ino)
+        if key is None and scratch is None:
+            raise EditRefused(errno.EPERM, f"metadata/{name}: not a key nor a new file")
+        new_key = _unescape(new_name)
+        if not new_key or "\0" in new_key:
+            raise EditRefused(errno.EINVAL, f"{new_name!r}: a metadata key is a non-empty name "
+                              "without NUL")
+        self._canonical(new_name, new_key)
+        target = children.get(new_name)
+        target_key = self._key_of.get(target.ino) if target is not None else None
+        text = bytes(scratch.view.data) if scratch is not None else node.view.read(0, node.view.size)
+        state = self.state if key is None else self._without_key(self.state, key)
+        if target_key is not None:
+            # a replace: the key keeps its type
+            typed = self._parsed(target_key, target.xattrs[TYPE_XATTR].decode(), text,
+                                 "the key keeps its value")
+            new_key = target_key
+        elif is_key_name(new_name, fmt):
+            typed = self._key_typed(key) if key is not None else self._parsed(
+                new_key, (scratch.type_name if scratch is not None else None) or "string", text,
+                "the key is not made")
+        else:
+            typed = None                    # a scratch file afterwards
+        if typed is not None:
+            state = state.with_metadata(new_key, typed)
+        if state is not self.state:
+            self._commit(state)
+        # the tree: the moved node is now at new_name, whatever was there goes
+        if target is not None:
+            self._key_of.pop(target.ino, None)
+            self._scratch.pop(target.ino, None)
+        del children[name]
+        children[new_name] = node
+        if key is not None:
+            self._key_of.pop(node.ino, None)
+            self._touch(node)
+        if typed is not None:
+            self._become_key(node, new_key, typed)
+        elif scratch is not None:
+            scratch.name = new_name
+        else:                               # a key moved to a scratch name
+            view = ScratchView(bytearray(text))
+            node.view = view
+            scratch = self._scratch[node.ino] = Scratch(new_name, node, view, None)
+            self._leave_type(name, node)
+        self._touch(self.meta_dir)
 
     def _tensor_dir(self, directory: DirNode) -> str:
         path = self._dir_paths.get(directory.ino)
@@ -848,75 +1374,79 @@ class Editor:
 
 
 class ComposedView(View):
-    """A model file in files/ of an editable mount: the edited file as composed now; a
-    reader that opened it holds its own snapshot (``snapshot``)."""
+    """A model file in files/ of an editable mount, one version of it: the file composed
+    for one ``EditState`` (composed when first read, unless given).  Its bytes never change:
+    an edit makes a new node (``Editor._new_versions``), so an open reads one version."""
 
     cheap_size = True
+    mtime_ns: int | None
 
-    def __init__(self, editor: Editor, path: str):
+    def __init__(self, editor: Editor, path: str, state: EditState,
+                 composed: ComposedFile | None = None):
         self.editor = editor
         self.path = path
+        self.state = state
+        self._file = composed
+        self.mtime_ns = editor.mtime_ns
+
+    def file(self) -> ComposedFile:
+        found = self._file
+        if found is None:
+            with self.editor.lock:
+                found = self._file = self.editor.composed(self.path, self.state)
+        return found
 
     @property
     def size(self) -> int:
-        return self.editor.composed(self.path).size
+        return self.file().size
 
-    @property
-    def mtime_ns(self) -> int:
-        return self.editor.mtime_ns
-
-    def snapshot(self) -> ComposedFile:
-        with self.editor.lock:
-            return self.editor.composed(self.path)
+    def snapshot(self) -> View:
+        return self
 
     def read_into(self, offset: int, buf) -> int:
-        return self.editor.composed(self.path).read_into(offset, buf)
+        return self.file().read_into(offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
-        return self.editor.composed(self.path).read(offset, size)
+        return self.file().read(offset, size)
 
 
-class _Bytes:
-    def __init__(self, data: bytes):
-        self.data = data
-        self.size = len(data)
+class _GeneratedVersion(GeneratedView):
+    """metadata.json of an editable mount, one version of it (``Editor._new_versions``): a
+    reader that opened it reads that version (its handle holds the view), not the next
+    edit's bytes from the middle of the file on."""
 
-    def read_into(self, offset: int, buf) -> int:
-        part = memoryview(self.data)[offset:offset + len(buf)]
-        buf[:len(part)] = part
-        return len(part)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset:offset + size]
+    def snapshot(self) -> View:
+        return self
 
 
-class IndexView(ComposedView):
-    """A sharded safetensors model's index, its weight_map as edited."""
+class IndexView(View):
+    """A sharded safetensors model's index in files/, its weight_map as edited: one version,
+    as ``ComposedView``."""
 
-    def __init__(self, editor: Editor):
-        super().__init__(editor, "")
-        self._kept: tuple | None = None
+    cheap_size = True
+    mtime_ns: int | None
 
-    def _now(self) -> _Bytes:
-        state = self.editor.state
-        kept = self._kept
-        if kept is None or kept[0] is not state:
-            kept = self._kept = (state, _Bytes(self.editor.index_bytes(state)))
-        return kept[1]
+    def __init__(self, editor: Editor, state: EditState):
+        self.editor = editor
+        self.state = state
+        self._data: bytes | None = None
+        self.mtime_ns = editor.mtime_ns
+
+    def _bytes(self) -> bytes:
+        data = self._data
+        if data is None:
+            data = self._data = self.editor.index_bytes(self.state)
+        return data
 
     @property
     def size(self) -> int:
-        return self._now().size
+        return len(self._bytes())
 
-    def snapshot(self):
-        with self.editor.lock:
-            return self._now()
-
-    def read_into(self, offset: int, buf) -> int:
-        return self._now().read_into(offset, buf)
+    def snapshot(self) -> View:
+        return self
 
     def read(self, offset: int, size: int) -> bytes:
-        return self._now().read(offset, size)
+        return self._bytes()[offset:offset + size]
 
 
 def text_of(value) -> bytes:
@@ -926,4 +1456,5 @@ def text_of(value) -> bytes:
     return scalar_text(value.value())
 
 
-__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "edited_tensors"]
+__all__ = ["TYPE_XATTR", "ComposedView", "EditRefused", "Editor", "MetadataWrite", "NpyWrite",
+           "OpenFile", "RawWrite", "ReadHandle", "WriteHandle", "edited_tensors"]

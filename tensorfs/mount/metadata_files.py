@@ -35,6 +35,7 @@ import re
 from collections.abc import Hashable
 
 from tensorfs.cache import ByteLRU
+from tensorfs.formats.gguf_write import INT_RANGES
 from tensorfs.model import MetadataValue, Model
 from tensorfs.mount.metadata_json import json_line
 from tensorfs.views.byteviews import GeneratedView
@@ -171,12 +172,8 @@ class TextError(ValueError):
     """A metadata file's new text that does not read as a value of the key's type: one line."""
 
 
-_INT_RANGES = {"uint8": (0, 2**8 - 1), "int8": (-2**7, 2**7 - 1),
-               "uint16": (0, 2**16 - 1), "int16": (-2**15, 2**15 - 1),
-               "uint32": (0, 2**32 - 1), "int32": (-2**31, 2**31 - 1),
-               "uint64": (0, 2**64 - 1), "int64": (-2**63, 2**63 - 1)}
 _FLOAT_TYPES = ("float32", "float64")
-SCALAR_TYPES = ("string", "bool", *_INT_RANGES, *_FLOAT_TYPES)
+SCALAR_TYPES = ("string", "bool", *INT_RANGES, *_FLOAT_TYPES)
 
 
 def _element(text: str, type_name: str):
@@ -189,8 +186,8 @@ def _element(text: str, type_name: str):
         if word in ("true", "false"):
             return word == "true"
         raise TextError(f"{word[:40]!r} is not a bool (true or false)")
-    if type_name in _INT_RANGES:
-        low, high = _INT_RANGES[type_name]
+    if type_name in INT_RANGES:
+        low, high = INT_RANGES[type_name]
         if not re.fullmatch(r"[+-]?[0-9]+", word):
             raise TextError(f"{word[:40]!r} is not an integer")
         value = int(word)

@@ -27,7 +27,7 @@ from typing import Iterator
 
 from tensorfs.convert.plan import ViewPlan
 from tensorfs.model import Model
-from tensorfs.sources.location import is_url
+from tensorfs.sources.urls import is_url
 
 MAX_INDENTED_LEVEL = 5          # root 1, "metadata" 2, a value 3, its elements 4, theirs 5
 PIECE_CHARS = 64 << 10          # about how much text one piece holds

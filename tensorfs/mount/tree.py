@@ -3,6 +3,7 @@ generated files, all placed in a ``Tree`` by the naming rule.  FUSE is not invol
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -16,12 +17,13 @@ from tensorfs.cache import ByteLRU
 from tensorfs.convert.plan import Plans, ViewPlan
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool
 from tensorfs.errors import ModelError
-from tensorfs.loading.wholefiles import whole_file_views
+from tensorfs.fuse.operations import Later
+from tensorfs.loading.wholefiles import Companions, whole_file_directories, whole_file_views
 from tensorfs.model import Model
 from tensorfs.mount.longwork import LongWork
 from tensorfs.mount.metadata_files import add_metadata_files
 from tensorfs.mount.metadata_json import metadata_json_pieces
-from tensorfs.runtime import mount_device
+from tensorfs.runtime import descriptor_of, mount_device
 from tensorfs.sources.local import ModelSource
 from tensorfs.views.byteviews import (
     ConvertedView,
@@ -51,7 +53,7 @@ class MountedModel:
     long_work: LongWork | None = None   # what no request waits for (the sha256 xattr)
     # generated files whose size costs generating them whole (metadata.json: O(model)):
     # learnt in the background from the start, so that a stat seldom waits for it
-    measured_ahead: tuple = ()
+    measured_ahead: tuple[GeneratedView, ...] = ()
     budget: MemoryBudget | None = None  # what views made later (an edited tensor's) serve from
 
     def start(self, mountpoint: str | None = None) -> None:
@@ -65,11 +67,17 @@ class MountedModel:
         for companion in self.model.companions:
             companion.start()
         # a directory's companions say at once which files they left out (tensorfs.loading.wholefiles)
-        getattr(self.model.companions, "say_refused", lambda: None)()
-        aborts = [s.abort for s in self.sources.values() if s.remote]
-        if mountpoint and aborts:
-            threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
-                             name="tensorfs-unmount-watch", daemon=True).start()
+        if isinstance(self.model.companions, Companions):
+            self.model.companions.say_refused()
+        remote = [s.abort for s in self.sources.values() if s.remote]
+        aborts = remote + ([self.long_work.stop] if self.long_work is not None else [])
+        # /dev/fd/N names no entry of the mount table: nothing to watch for
+        watched = mountpoint if mountpoint and descriptor_of(mountpoint) is None else None
+        if watched and remote:
+            _watch_detach(watched, aborts)
+        elif watched and self.long_work is not None:
+            # a local model's mount is watched only once an ask waits for long work
+            self.long_work.on_first_job = lambda: _watch_detach(watched, aborts)
         if self.measured_ahead:
             threading.Thread(target=self._measure_ahead, name="tensorfs-sizes",
                              daemon=True).start()
@@ -89,7 +97,7 @@ class MountedModel:
             try:
                 _ = view.size               # learnt once, kept by the view
             except Exception as error:
-                log.debug("%s: size not learnt ahead: %s", getattr(view, "key", view), error)
+                log.debug("%s: size not learnt ahead: %s", view.key, error)
 
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
@@ -109,10 +117,8 @@ class MountedModel:
             self.long_work.stop()
         for view in self.measured_ahead:
             view.stop()
-        for source in list(self.sources.values()) + list(self.model.companions):
-            abort = getattr(source, "abort", None)
-            if abort is not None:
-                abort()
+        for source in self.sources.values():
+            source.abort()
 
     def close(self) -> None:
         if self.long_work is not None:
@@ -125,15 +131,21 @@ class MountedModel:
             companion.close()
 
 
-UNMOUNT_POLL_S = 0.5            # how often a mount with remote sources checks it is still mounted
+UNMOUNT_POLL_S = 0.5            # how often a watched mount checks it is still mounted
+
+
+def _watch_detach(mountpoint: str, aborts) -> None:
+    threading.Thread(target=_abort_when_detached, args=(mountpoint, aborts),
+                     name="tensorfs-unmount-watch", daemon=True).start()
 
 
 def _abort_when_detached(mountpoint: str, aborts) -> None:
-    """A lazy unmount (``unmount --lazy``, ``fusermount -uz``) while a remote request hangs:
-    the reader waiting for it keeps the mount's connection open, so the daemon would be told
-    nothing until the request times out.  Once the mount point is gone from the mount table,
-    every remote request still waiting is ended (EIO): the reader lets go, the kernel ends
-    the session, the daemon exits."""
+    """A lazy unmount (``unmount --lazy``, ``fusermount -uz``) while a remote request hangs
+    or an ask waits for long work (a sha256): the asker keeps the mount's connection open,
+    so the daemon would be told nothing until the request times out or the work is done.
+    Once the mount point is gone from the mount table, every remote request still waiting
+    is ended (EIO) and the long work cancelled (ECANCELED): the asker lets go, the kernel
+    ends the session, the daemon exits."""
     seen = False
     started = time.monotonic()
     while True:
@@ -150,6 +162,9 @@ def _abort_when_detached(mountpoint: str, aborts) -> None:
         time.sleep(0.01 if fast else UNMOUNT_POLL_S)
 
 
+_HASH_JOBS = itertools.count()
+
+
 class TensorXattrs(Mapping):
     """user.tensorfs.* of a tensor's files, made when asked (a dict per tensor would cost
     more than the rest of the tensor's entry).
@@ -157,11 +172,11 @@ class TensorXattrs(Mapping):
     A raw file (``raw`` given) also answers ``user.tensorfs.sha256``: the sha256 of its
     bytes, kept for the mount's life.  A file of at most ``INLINE_HASH_BYTES`` (what one
     read request may ask for) is hashed in the request that asks; a larger one by the
-    mount's background thread (``long_work``), the ask answered at once with ``NotReady``
-    (EAGAIN) until the value is there.  It is not listed: whatever copies the listed
+    mount's background thread (``long_work``), the ask answered with a ``Later`` that the
+    hash settles (the request waits, no thread does).  It is not listed: whatever copies the listed
     attributes (``cp -a``, ``rsync -X``) would hash every tensor (docs/facts.md)."""
 
-    __slots__ = ("tensor", "raw", "sha256", "long_work")
+    __slots__ = ("tensor", "raw", "sha256", "long_work", "_job")
     NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
              "user.tensorfs.shard")
     SHA256 = "user.tensorfs.sha256"
@@ -173,8 +188,10 @@ class TensorXattrs(Mapping):
         self.raw = raw
         self.sha256: bytes | None = None
         self.long_work = long_work
+        # this file's hash job: its own key, as an edited tensor's bytes are not the model's
+        self._job: tuple | None = None
 
-    def __getitem__(self, name: str) -> bytes:
+    def __getitem__(self, name: str) -> bytes | Later:
         t = self.tensor
         if name == "user.tensorfs.dtype":
             return t.dtype.encode()
@@ -191,7 +208,7 @@ class TensorXattrs(Mapping):
     def __contains__(self, name) -> bool:
         return name in self.NAMES or (name == self.SHA256 and self.raw is not None)
 
-    def _sha256(self) -> bytes:
+    def _sha256(self) -> bytes | Later:
         # at the first hash asked for: the facts layer costs a mount nothing before
         from tensorfs.facts.hashing import sha256_of
 
@@ -203,9 +220,13 @@ class TensorXattrs(Mapping):
             def work(check) -> bytes:
                 return sha256_of(_Checked(raw, check)).encode()
 
-            self.sha256 = self.long_work.result(("sha256", self.tensor.name), work,
-                                               f"sha256 of tensor {self.tensor.name!r}")
-            return self.sha256
+            if self._job is None:
+                self._job = ("sha256", self.tensor.name, next(_HASH_JOBS))
+            value = self.long_work.result(self._job, work,
+                                          f"sha256 of tensor {self.tensor.name!r}")
+            if isinstance(value, bytes):
+                self.sha256 = value
+            return value
         with self._LOCKS[hash(self.tensor.name) % len(self._LOCKS)]:
             if self.sha256 is None:
                 self.sha256 = sha256_of(self.raw).encode()
@@ -330,8 +351,10 @@ def build_mount(model: Model, budget: MemoryBudget, layout: str = "tree",
         tree.add_file("header.bin", RawView(sources[f.path], 0, f.header_size))
 
     if "files" in views:
+        for name in whole_file_directories(model):      # a subfolder, even an empty one
+            tree.add_dir("files/" + "/".join(map(entry_name, name.split("/"))))
         for name, view in whole_file_views(model, sources).items():
-            tree.add_file(f"files/{entry_name(name)}", view)
+            tree.add_file("files/" + "/".join(map(entry_name, name.split("/"))), view)
 
     def produce_metadata_json():
         paths, plans = describe(model, layout)

@@ -480,7 +480,8 @@ class BlockReader:
             self._resolve(index, view[offset:offset + self._block_len(index)],
                           keep_on_disk=True)
 
-    def _resolve(self, index: int, data: bytes, keep_on_disk: bool) -> None:
+    def _resolve(self, index: int, data: bytes | bytearray | memoryview,
+                 keep_on_disk: bool) -> None:
         self.memory.put((self.key, index), data)
         if keep_on_disk and self.disk is not None:
             self.disk.put(self.disk_key, index, data)

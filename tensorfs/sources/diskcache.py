@@ -7,7 +7,7 @@ symbolic link (docs/reliability.md "The disk cache"):
 - DIR is created 0700 if missing, and refused in one line if it is a symbolic link, not a
   directory, someone else's, or writable by group or others, or if a directory on the way to
   it is someone else's (not root's) or writable by others without being sticky, or a link on
-  the way is another user's (``runtime.open_private_dir``); it is opened once, and every
+  the way is another user's (``tensorfs.runtime.paths``); it is opened once, and every
   later access goes through that descriptor (``O_NOFOLLOW``), wherever the process's working
   directory is afterwards.
 - Everything the cache writes is in one subdirectory of DIR, ``ROOT`` (0700), which holds a
@@ -40,7 +40,8 @@ import struct
 import threading
 import time
 
-from tensorfs.runtime import open_private_dir, open_private_subdir, write_file
+from tensorfs.runtime.files import write_file
+from tensorfs.runtime.paths import open_private_dir, open_private_subdir
 
 log = logging.getLogger("tensorfs")
 
@@ -69,7 +70,7 @@ MAX_BAD_LOGGED = 20                 # lines about bad blocks per process
 _BLOCK_NAME = re.compile(r"([0-9a-f]{64})\.([0-9]{1,19})")
 _TEMP_NAME = re.compile(r"\.([0-9a-f]{64}\.[0-9]{1,19})\.([0-9]{1,10})\.([0-9]{1,20})\.([0-9]{1,20})\.tmp")
 
-# runtime.write_file's temporary name for the marker, while another mount writes it
+# runtime.files.write_file's temporary name for the marker, while another mount writes it
 _MARKER_TEMP = re.compile(r"\." + MARKER + r"\.[0-9]+\.[0-9]+\.tmp")
 MARKER_TRIES = 200
 
@@ -104,6 +105,8 @@ class DiskCache:
     """Blocks of remote files on disk under ``directory``/``ROOT``, at most ``max_bytes`` of
     them for all the mounts that share it.  ``get``/``get_into`` serve a verified block or
     nothing; ``put`` keeps one, or silently does not (a full disk, a busy lock)."""
+
+    _fd = -1        # until the directory is open (``__del__`` of one that failed to open)
 
     def __init__(self, directory: str, max_bytes: int):
         self.directory = os.path.abspath(directory)     # where the command ran (docs/remote.md)
@@ -386,7 +389,7 @@ class DiskCache:
                     pass
 
     def __del__(self):
-        if getattr(self, "_fd", -1) >= 0:
+        if self._fd >= 0:
             self.close()
 
 

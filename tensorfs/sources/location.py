@@ -17,11 +17,10 @@ import re
 import stat
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.model import Model, ModelFile
-from tensorfs.sources.local import ModelSource
+from tensorfs.sources.local import ModelSource, Source
 
 # what ``kind`` answers
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
@@ -63,39 +62,13 @@ def name_problem(name: str) -> str | None:
     return None
 
 
-def display_url(url: str) -> str:
-    """``url`` as shown anywhere (an error line, the log, ``list``, metadata.json, the
-    fsname): without what ``url_secrets`` names."""
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def url_secrets(url: str) -> list[str]:
-    """The parts of ``url`` that may be credentials, as typed: the user info (a token given
-    as the user name, ``user:password``), the query (a signature), the fragment.  The one
-    rule: ``display_url`` leaves out exactly these, and the command line hides them
-    (``runtime.hide_from_cmdline``)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return [url]        # not a URL after all: all of it, rather than a part
-    return [part for part in (parts.netloc.rpartition("@")[0], parts.query, parts.fragment)
-            if part]
-
-
-def is_url(text: str) -> bool:
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.replace("+", "").replace("-", "").isalnum() and "/" not in scheme
-
-
 class Location:
     """What ``tensorfs.loading.shards`` needs of the place the model's files are in."""
 
     parallel = 1                # shards whose headers are fetched at once
 
     def __init__(self):
-        self.opened: dict[str, object] = {}
+        self.opened: dict[str, Source] = {}
         # path -> the directory whose listing or index named it (``sibling``): such a file
         # must lie in that directory (a local one: ``tensorfs.sources.local.contained_problem``)
         self.named_beside: dict[str, str] = {}

@@ -7,9 +7,10 @@ for more.  Below ``tensorfs.sources.location`` and ``tensorfs.loading.shards``, 
 from __future__ import annotations
 
 from tensorfs.errors import ModelError
-from tensorfs.formats import NeedMoreBytes, gguf, safetensors
+from tensorfs.formats import NeedMoreBytes, gguf, pytorch, safetensors
 from tensorfs.model import ModelFile
-from tensorfs.sources.local import ModelSource, SourceError
+from tensorfs.sources.local import ModelSource
+from tensorfs.sources.source import SourceError
 
 # Most headers fit in the first read; a longer one (a GGUF vocabulary can make megabytes)
 # is re-read at least as far as the parser asks and four times longer than before: a few
@@ -32,6 +33,10 @@ def parse_source(source) -> ModelFile:
         file_size = source.size
         want = min(file_size, FIRST_PREFIX_BYTES)
         prefix = source.read(0, want)
+        if pytorch.looks_like_pytorch(prefix):
+            # a zip's list of entries is at its end: read where the parser asks, not a prefix
+            return pytorch.parse_pytorch(source.read, file_size, path=path,
+                                         mtime=source.stat().st_mtime)
         if gguf.looks_like_gguf(prefix):
             parse = gguf.parse_gguf
         elif (safetensors.looks_like_safetensors(prefix, file_size)
@@ -91,19 +96,14 @@ def _claims_more_than_the_file(error: ModelError, file_size: int) -> bool:
 # What a newcomer may give instead of a model, told by its first bytes: say what it is.
 def _unknown_format(prefix: bytes, file_size: int, path: str) -> ModelError:
     if file_size == 0:
-        return ModelError("empty", "the file is empty (0 bytes), not a safetensors or GGUF "
-                          "model", file=path)
-    if prefix.startswith(b"PK\x03\x04"):
-        what = "a zip archive (a PyTorch checkpoint, as torch.save writes?)"
-    elif prefix[:1] == b"\x80" and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        what = "a Python pickle (a PyTorch checkpoint?)"
-    else:
-        return ModelError("unknown_format",
-                          "not a safetensors or GGUF file (unrecognised first bytes)",
-                          offset=0, file=path)
-    return ModelError("pytorch", f"{what}: tensorfs reads safetensors and GGUF, not PyTorch "
-                      "pickles; convert it to safetensors first (safetensors.torch.save_file)",
-                      file=path)
+        return ModelError("empty", "the file is empty (0 bytes), not a safetensors, GGUF or "
+                          "PyTorch model", file=path)
+    if prefix[:1] == b"\x80" and prefix[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return ModelError("pytorch", "a bare Python pickle, not a torch.save checkpoint (a "
+                          "zip): tensorfs does not run pickles", offset=0, file=path)
+    return ModelError("unknown_format",
+                      "not a safetensors, GGUF or PyTorch file (unrecognised first bytes)",
+                      offset=0, file=path)
 
 
 def parse_model_file(path: str) -> ModelFile:

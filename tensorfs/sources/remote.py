@@ -18,7 +18,6 @@ import os
 import threading
 import time
 import types
-from dataclasses import dataclass, field
 
 from tensorfs import status as mount_status
 from tensorfs.cache import ByteLRU
@@ -26,38 +25,17 @@ from tensorfs.errors import ModelError
 from tensorfs.sources import blockcache
 from tensorfs.sources.blockcache import BlockReader, Fetcher
 from tensorfs.sources.diskcache import DiskCache
-from tensorfs.sources.local import Source, SourceError
-from tensorfs.sources.location import DIRECTORY, FILE, Location, display_url
+from tensorfs.sources.location import DIRECTORY, FILE, Location
+from tensorfs.sources.source import Source, SourceError
 from tensorfs.sources.transports import transport_for
 from tensorfs.sources.transports.base import FetchError, Transport
+from tensorfs.sources.urls import RemoteSettings, display_url
 
 log = logging.getLogger("tensorfs")
 
 MAX_TRIES = 5
 FIRST_BACKOFF_S = 0.1
 PARALLEL_SHARDS = 8
-
-
-@dataclass
-class RemoteSettings:
-    storage_options: dict = field(default_factory=dict)
-    timeout: float = 60.0                   # the longest wait of one read, retries included
-    cache: object = None                    # the mount's tensorfs.cache.ByteLRU
-    cache_bytes: int = 256 << 20            # when no cache is given
-    disk_cache: tuple[str, int] | None = None       # (directory, bytes)
-    # files the disk cache cannot keep (no version): said once on the terminal at mount
-    unkept: list = field(default_factory=list)
-
-    def notices(self) -> list[str]:
-        """What the mount command says on the terminal besides errors, once: a disk cache
-        that keeps nothing of some files."""
-        unkept = list(dict.fromkeys(self.unkept))      # shards are opened in parallel
-        if not unkept:
-            return []
-        more = f" (and {len(unkept) - 1} more files)" if len(unkept) > 1 else ""
-        return [f"{unkept[0]}{more}: the server gives no version (ETag), so --disk-cache "
-                "keeps none of its blocks: every mount fetches them again (serve it with "
-                "ETags, as nginx does by default)"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -164,6 +142,8 @@ class RemoteSource(Source):
     # fetches at most header + 1 MiB of each file (docs/remote.md)
     prefix_step = 1 << 20
     remote = True
+    name: str
+    size: int
 
     def __init__(self, transport: Transport, path: str, settings: RemoteSettings,
                  disk: DiskCache | None, fetcher: Fetcher | None = None, cache=None):
@@ -296,8 +276,10 @@ class RemoteSource(Source):
     def _fetch(self, start: int, end: int, deadline: float) -> bytes:
         if self.broken is not None:
             raise FetchError("version", self.broken)
-        return self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
+        data = self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
                                                                 self.version, timeout), deadline)
+        mount_status.read_ok(self.path)             # list: serving again, if it was degraded
+        return data
 
     def _retry(self, attempt, deadline: float):
         """``attempt(timeout)``, again after a transient fault (connection, timeout, 5xx,

@@ -36,8 +36,9 @@ if TYPE_CHECKING:          # annotations only: numpy is imported where it is use
 
 from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
+from tensorfs.convert.blocks import read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
-from tensorfs.sources.local import Source
+from tensorfs.sources.source import Source
 
 log = logging.getLogger("tensorfs")
 
@@ -58,15 +59,31 @@ class View(ABC):
     """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
     default here, which a view overrides where it can do more."""
 
-    #: ``size`` costs next to nothing (a listing then gives it unasked); False where it may
-    #: have to generate content first
-    cheap_size: bool = True
-    #: the file's own mtime, or None for the mount's
-    mtime_ns: int | None = None
-    #: the file's own (mode bits, uid, gid) -- a local file of files/ keeps its source's --
-    #: or None for the mount's
-    owner: tuple[int, int, int] | None = None
-    size: int
+    # Each of these is a class attribute, an attribute set by the view (declared at class
+    # level: ``size: int``) or a property: the type checker reads them as properties.
+    if TYPE_CHECKING:
+        @property
+        @abstractmethod
+        def size(self) -> int:
+            """How many bytes the file has."""
+
+        @property
+        def cheap_size(self) -> bool:
+            """``size`` costs next to nothing (a listing then gives it unasked); False
+            where it may have to generate content first."""
+
+        @property
+        def mtime_ns(self) -> int | None:
+            """The file's own mtime, or None for the mount's."""
+
+        @property
+        def owner(self) -> tuple[int, int, int] | None:
+            """The file's own (mode bits, uid, gid) -- a local file of files/ keeps its
+            source's -- or None for the mount's."""
+    else:
+        cheap_size = True
+        mtime_ns = None
+        owner = None
 
     @abstractmethod
     def read(self, offset: int, size: int) -> bytes:
@@ -88,9 +105,17 @@ class View(ABC):
         where they are not in a local file."""
         return None
 
+    def snapshot(self) -> View | None:
+        """What an open of this file reads for its whole life, where that is fixed at open
+        (a version of an edited model file: ``tensorfs.mount.editable.ComposedView``);
+        None: each read reads the file as it is then."""
+        return None
+
 
 class RawView(View):
     """A byte range of a source, served as stored."""
+
+    size: int
 
     _span = None        # read-ahead stays inside the tensor the range is (blockcache)
 
@@ -112,7 +137,7 @@ class RawView(View):
         """A file changed since the mount is refused at open (EIO), as at a read."""
         self.source.vouch()
 
-    # A local file's bytes are named, not copied: tensorfs.mount.fuse3 replies with the descriptor
+    # A local file's bytes are named, not copied: tensorfs.fuse.session replies with the descriptor
     # and offset (splice), so a raw read never passes through Python (benchmark W3).
     def read_fd(self, offset: int, size: int):
         fd = self.source.local_fd
@@ -399,7 +424,7 @@ class _ChunkBuffers:
 _BUFFERS = _ChunkBuffers(keep=STREAM_BYTES // CHUNK_OUTPUT_BYTES)
 # Stored bytes of the blocks being converted, read into a reused buffer.  Shared, not per
 # thread: libfuse threads come and go, and a buffer per thread would go with them only if
-# their Python thread state did (it does not: tensorfs.mount.fuse3.Session._guarded keeps it).
+# their Python thread state did (it does not: tensorfs.fuse.session.Session._guarded keeps it).
 _SCRATCH = _ChunkBuffers(keep=8)
 
 
@@ -456,6 +481,8 @@ class ConvertedView(View):
     when the read is block-aligned (every kernel read is), and keep nothing.
     """
 
+    size: int
+
     cheap_size = True
 
     def __init__(self, source: Source, offset: int, nbytes: int, conversion,
@@ -477,15 +504,14 @@ class ConvertedView(View):
 
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
-        start = first_block * self.conversion.block_bytes
         length = n_blocks * self.conversion.block_bytes
         import numpy as np  # (see npy_header)
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
             raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
-            self.source.read_into(self.offset + start, memoryview(scratch)[:length])
-            self.conversion.convert(raw, out=out)
+            read_converted(self.source, self.offset, self.conversion, first_block, n_blocks,
+                           out, raw)
             del raw
         finally:
             if len(scratch) == CHUNK_OUTPUT_BYTES:

@@ -275,6 +275,11 @@ class Tree:
         self._by_ino[node.ino] = node
         return node
 
+    def forget(self, ino: int) -> None:
+        """A node given by ``new_node`` that no directory holds and no reader needs any
+        more: its inode number no longer finds it."""
+        self._by_ino.pop(ino, None)
+
     def node(self, ino: int):
         """The node with this inode number, or None."""
         return self._by_ino.get(ino)

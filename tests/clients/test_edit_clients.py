@@ -99,3 +99,36 @@ def test_transformers_reads_a_tensor_edit(tmp_path, mount, sharded):
     logits = transformers_logits(mnt / "files")
     assert torch.equal(logits, transformers_logits(reference))
     assert not torch.equal(logits, transformers_logits(local))
+
+
+@pytest.mark.parametrize("tool", ["sed", "vim"])
+def test_llama_cpp_loads_a_key_a_tool_rewrote(tmp_path, tiny_llama, mount, tool):
+    """``sed -i`` (a temporary file renamed over the key) and vim (swap file, backup) on the
+    EOS id: llama.cpp loads the model and its EOS is the new id (before, the key became a
+    string and llama.cpp refused the model: "wrong type str but expected type u32")."""
+    need("llama_cpp")
+    import subprocess
+
+    from llama_cpp import Llama
+
+    mnt = mount(tiny_llama, "--edits", tmp_path / "fixes")
+    eos = mnt / "metadata" / "tokenizer.ggml.eos_token_id"
+    old = int(eos.read_text())
+    new = old + 1
+    if tool == "sed":
+        command = ["sed", "-i", f"s/^{old}$/{new}/", str(eos)]
+    else:
+        vim = shutil.which("vim") or shutil.which("vim.tiny")
+        if vim is None:
+            pytest.skip("vim is not installed (make test-system-deps)")
+        command = [vim, "-es", "-N", "-c", "set backup backupskip=", "-c", f"s/^{old}$/{new}/",
+                   "-c", "wq", str(eos)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False,
+                            stdin=subprocess.DEVNULL, timeout=60, cwd=eos.parent)
+    assert result.returncode == 0, result.stderr
+    llm = Llama(model_path=str(mnt / "files" / "tiny.gguf"), n_ctx=64, vocab_only=True,
+                verbose=False)
+    try:
+        assert llm.token_eos() == new
+    finally:
+        llm.close()

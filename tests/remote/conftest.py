@@ -128,11 +128,12 @@ def nginx(corpus, tmp_path_factory):
 
 @pytest.fixture
 def fresh_nginx(corpus, tmp_path):
-    """An nginx of this test's own, serving the corpus under /files/; stopped at the end."""
+    """fresh_nginx(repos=(), tls=None) -> an nginx of this test's own, serving the corpus
+    under /files/ (``tls``: (certificate, key) to serve https); stopped at the end."""
     servers = []
 
-    def _start(repos=()) -> Nginx:
-        server = Nginx(tmp_path / f"nginx{len(servers)}", list(repos))
+    def _start(repos=(), tls=None) -> Nginx:
+        server = Nginx(tmp_path / f"nginx{len(servers)}", list(repos), tls=tls)
         publish_files(server, corpus)
         servers.append(server)
         return server.start()

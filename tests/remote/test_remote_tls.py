@@ -50,19 +50,9 @@ def https_hub(corpus, private_ca, tmp_path_factory):
 
 
 @pytest.fixture
-def https_server(corpus, tmp_path):
+def https_server(fresh_nginx):
     """https_server(certificate) -> a started nginx presenting ``certificate``."""
-    started = []
-
-    def _start(certificate) -> Nginx:
-        server = Nginx(tmp_path / f"nginx{len(started)}", tls=(certificate.cert, certificate.key))
-        publish_files(server, corpus)
-        started.append(server)
-        return server.start()
-
-    yield _start
-    for server in started:
-        server.stop()
+    return lambda certificate: fresh_nginx(tls=(certificate.cert, certificate.key))
 
 
 @pytest.fixture
@@ -134,7 +124,11 @@ def test_the_system_store_is_trusted(https_nginx, private_ca, plain_env, tmp_pat
     import subprocess
 
     from tests.support import TENSORFS
+    from tests.support.users import private_namespace_problem
 
+    problem = private_namespace_problem()
+    if problem is not None:
+        pytest.skip(problem)
     store = hashed_directory(tmp_path / "store", private_ca.trust)
     (store / "ca-certificates.crt").write_bytes(private_ca.trust.read_bytes())
     url = f"{https_nginx.url}/files/safetensors/model.safetensors"
@@ -251,3 +245,40 @@ def test_an_s3_endpoint_takes_root_certificate_as_its_clients(https_nginx, priva
     trusted = _one_line(run_tensorfs("inspect", url, "--storage-option",
                                      f"root_certificate={private_ca.trust}", env=env))
     assert "certificate" not in trusted and "root_certificate" not in trusted, trusted
+
+
+# the system's own bundle, which SSL_CERT_FILE names beside a private SSL_CERT_DIR
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+@pytest.mark.parametrize("way", ["root_certificate=PATH", "SSL_CERT_DIR beside SSL_CERT_FILE"])
+def test_a_hub_endpoint_of_a_private_ca_is_trusted_as_https_is(https_hub, private_ca, corpus,
+                                                               plain_env, tmp_path, tmount, way):
+    """hf:// trusts what https:// does (issue 35 class 11): huggingface_hub's own requests
+    (the revision, the listing) read ``root_certificate`` and SSL_CERT_DIR next to a system
+    SSL_CERT_FILE too, not only the file reads; before, the mount failed with "certificate
+    not trusted" at the revision."""
+    options, changes = [], {}
+    if way == "root_certificate=PATH":
+        options = ["--storage-option", f"root_certificate={private_ca.trust}"]
+    else:
+        if not os.path.isfile(SYSTEM_BUNDLE):
+            pytest.skip(f"no system bundle at {SYSTEM_BUNDLE}")
+        changes = {"SSL_CERT_FILE": SYSTEM_BUNDLE,
+                   "SSL_CERT_DIR": str(hashed_directory(tmp_path / "certs", private_ca.trust))}
+    env = _hub_env(plain_env, https_hub, tmp_path, **changes)
+    model = corpus.models["safetensors"]
+    url = f"hf://tfs/safetensors/{model.entry}"
+    inspected = run_tensorfs("inspect", url, *options, env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    mnt = tmount(url, *options, env=env)
+    assert_matches_reference(mnt, model.files)
+    listed = tmount("hf://tfs/safetensors", *options, env=env)       # a listing of the repo
+    assert model.entry in os.listdir(listed / "files")
+
+
+def test_a_hub_endpoint_refused_names_root_certificate_among_the_ways(https_hub, plain_env,
+                                                                       tmp_path):
+    line = _one_line(run_tensorfs("inspect", "hf://tfs/safetensors/model.safetensors",
+                                  env=_hub_env(plain_env, https_hub, tmp_path)))
+    assert "certificate is not trusted" in line and "root_certificate=PATH" in line, line

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,15 @@ def mounts_in(directory: Path, prefix: str = "mnt", base_env: dict | None = None
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True)
             pytest.fail(f"unmount of {mnt} failed: {result.stderr}")
     assert [m for m in mounted if fuse_mounts_under(m)] == []
+
+
+def shared_directory(prefix: str = "tensorfs-shared-"):
+    """A generator for a fixture (``shared_dir``): a new directory every user can enter and
+    read (pytest's tmp_path is root's 0700), for tests that run commands as the second
+    users; afterwards whatever is still mounted below it is detached and it is removed."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    yield path
+    for mnt in fuse_mounts_under(path):
+        subprocess.run(["fusermount", "-uz", mnt], capture_output=True, check=False)
+    shutil.rmtree(path, ignore_errors=True)

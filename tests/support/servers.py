@@ -15,6 +15,8 @@
   the next requests (drop the connection mid-body, answer 503 or 429, stall forever) and can
   add round-trip time with a window-limited delay line, as a long link does (tc netem is not
   in this VM's kernel).
+* ``CacheTier``: a caching nginx in front of an origin (the ``slice`` module, ``proxy_cache``
+  and ``proxy_cache_lock``), from ``CACHE_TIER_SITE``, the config docs/fleet.md shows.
 """
 
 from __future__ import annotations
@@ -729,6 +731,103 @@ def _parse_response(head: bytes) -> tuple[int, dict]:
     lines = head.split(b"\r\n")
     status = int(lines[0].split(b" ", 2)[1])
     return status, _headers([line for line in lines[1:] if line])
+
+
+# -- a caching tier in front of an origin (docs/fleet.md) ----------------------------------
+
+# What goes in nginx's http {} block: the same text, with the example values below, is the
+# config docs/fleet.md shows (tests/remote/test_fleet.py compares the two).
+CACHE_TIER_SITE = r"""proxy_cache_path {cache_dir} levels=1:2 keys_zone=tensorfs:64m
+                 max_size={max_size} inactive=30d use_temp_path=off;
+
+upstream origin {{
+    server {origin};
+    keepalive 16;                    # reuse connections to the origin
+}}
+
+server {{
+    listen {listen};
+    proxy_http_version 1.1;          # keep-alive to the origin needs HTTP/1.1 ...
+    proxy_set_header Connection "";  # ... and no "Connection: close"
+
+    # model files: fetched from the origin in 4 MiB slices, each cached on its own
+    location / {{
+        slice 4m;                                   # tensorfs's block size
+        proxy_set_header Range $slice_range;        # ask the origin for the slice only
+        proxy_cache tensorfs;
+        proxy_cache_key $uri$is_args$args$slice_range;
+        proxy_cache_valid 200 206 {valid};               # then asked again, with If-None-Match:
+        proxy_cache_revalidate on;                  # 304 (no body) if the origin has not changed
+        proxy_cache_lock on;                        # one origin fetch per slice; the
+        proxy_cache_lock_timeout 5m;                # other nodes wait for it
+        proxy_cache_lock_age 5m;
+        add_header X-Cache-Status $upstream_cache_status always;
+        proxy_pass http://origin;
+    }}
+
+    # a Hub mirror's API answers (a branch's commit, listings) change: passed, not cached
+    location /api/ {{
+        proxy_pass http://origin;
+    }}
+}}
+"""
+# the values docs/fleet.md shows
+CACHE_TIER_EXAMPLE = {"cache_dir": "/var/cache/nginx/tensorfs", "max_size": "500g",
+                      "origin": "models.internal:80", "listen": "8080", "valid": "1m"}
+
+CACHE_TIER_CONF = r"""
+daemon off;
+master_process on;
+worker_processes {workers};
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+{user}
+events {{ worker_connections 1024; }}
+http {{
+    log_format tfs escape=json '{{"t":$msec,"method":"$request_method","uri":"$request_uri",'
+                               '"range":"$http_range","status":$status,'
+                               '"bytes":$body_bytes_sent,"cache":"$upstream_cache_status"}}';
+    access_log {prefix}/access.log tfs;
+    client_body_temp_path {prefix}/tmp/body;
+    proxy_temp_path {prefix}/tmp/proxy;
+    fastcgi_temp_path {prefix}/tmp/fastcgi;
+    uwsgi_temp_path {prefix}/tmp/uwsgi;
+    scgi_temp_path {prefix}/tmp/scgi;
+    server_tokens off;
+{site}
+}}
+"""
+
+
+class CacheTier(Nginx):
+    """A caching nginx on 127.0.0.1 in front of the origin at ``127.0.0.1:origin_port``, from
+    ``CACHE_TIER_SITE``; its cache under the prefix.  The access log (``requests``) is what it
+    sent to its clients, with ``cache``: HIT, MISS ... per request."""
+
+    def __init__(self, base: Path, origin_port: int, workers: int = 1, max_size: str = "4g",
+                 valid: str = "1m"):
+        """``valid``: how long a cached slice is served before the origin is asked again."""
+        super().__init__(base, workers=workers)
+        self.origin_port = origin_port
+        self.max_size = max_size
+        self.valid = valid
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.prefix / "cache"
+
+    def publish(self) -> None:
+        """Nothing of its own to serve."""
+
+    def config(self) -> str:
+        site = CACHE_TIER_SITE.format(cache_dir=self.cache_dir, max_size=self.max_size,
+                                      valid=self.valid,
+                                      origin=f"127.0.0.1:{self.origin_port}",
+                                      listen=f"127.0.0.1:{self.port}")
+        return CACHE_TIER_CONF.format(prefix=self.prefix, workers=self.workers,
+                                      user="user root;" if os.geteuid() == 0 else "",
+                                      site="\n".join("    " + line if line else line
+                                                     for line in site.splitlines()))
 
 
 def _main(argv: list[str]) -> None:

@@ -1,8 +1,8 @@
 """Certificates for the TLS tests, made with the ``openssl`` command as a user makes them.
 
-- ``authority_and_server``: a CA and a server certificate for 127.0.0.1 it signs (v3,
-  CA:FALSE, subjectAltName IP:127.0.0.1): what every TLS client accepts once the CA is
-  trusted;
+- ``authority_and_server``: a CA (keyUsage keyCertSign) and a server certificate for
+  127.0.0.1 it signs (v3, CA:FALSE, keyUsage, subjectAltName IP:127.0.0.1): what every TLS
+  client accepts once the CA is trusted, Python 3.13's strict verification included;
 - ``self_signed``: one certificate that is its own issuer, as ``openssl req -x509`` makes it
   (CA:TRUE: OpenSSL's default) or with ``extra`` extensions (``basicConstraints=critical,
   CA:FALSE`` makes one rustls takes).
@@ -34,12 +34,20 @@ def openssl(directory: Path, *args: str) -> None:
 
 def authority_and_server(directory: Path, host_san: str = "IP:127.0.0.1") -> Certificate:
     directory.mkdir(parents=True, exist_ok=True)
+    # keyUsage on both, and the key identifiers: Python 3.13's strict X.509 verification
+    # (VERIFY_X509_STRICT, huggingface_hub's client) refuses a CA certificate without them
     openssl(directory, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=tensorfs test CA", "-keyout", "ca.key", "-out", "ca.pem")
+            "-subj", "/CN=tensorfs test CA", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-addext", "subjectKeyIdentifier=hash", "-keyout", "ca.key", "-out", "ca.pem")
     openssl(directory, "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
             "-keyout", "server.key", "-out", "server.csr")
     (directory / "server.ext").write_text(f"subjectAltName={host_san}\n"
-                                          "basicConstraints=CA:FALSE\n")
+                                          "basicConstraints=CA:FALSE\n"
+                                          "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                                          "extendedKeyUsage=serverAuth\n"
+                                          "subjectKeyIdentifier=hash\n"
+                                          "authorityKeyIdentifier=keyid,issuer\n")
     openssl(directory, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-days", "2", "-extfile", "server.ext", "-out", "server.pem")
     return Certificate(directory / "server.pem", directory / "server.key", directory / "ca.pem")

@@ -99,16 +99,30 @@ def _reach_python() -> str:
     return "".join(f"{c} && " for c in commands)
 
 
+def private_namespace_problem() -> str | None:
+    """Why no private mount namespace can be made here, or None: every test that runs in
+    one (``unshare -m --propagation private``) asks first and skips with this line.  A
+    chroot (``make check-debian13``) has none: its / is no mount point, so unshare cannot
+    make it private."""
+    try:
+        probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                               capture_output=True, text=True)
+    except FileNotFoundError:
+        return "no private mount namespace here (no unshare command)"
+    if probe.returncode != 0:
+        return f"no private mount namespace here (unshare -m: {probe.stderr.strip()})"
+    return None
+
+
 def make_users():
     """Yields (victim, attacker), made for this session and removed after it."""
     made = []
     try:
         # names of this session's own: two test sessions at once must not share (or delete)
         # each other's users, nor their /tmp/tensorfs-UID
-        probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"no private mount namespace here (unshare -m: {probe.stderr.strip()})")
+        problem = private_namespace_problem()
+        if problem is not None:
+            pytest.skip(problem)
         names = (f"tfs-victim-{os.getpid()}", f"tfs-attacker-{os.getpid()}")
         for name in names:
             made_it = subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name],

@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import Future
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import display_url
+from tensorfs.sources.urls import display_url
 
 log = logging.getLogger("tensorfs")
 

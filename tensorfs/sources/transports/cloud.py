@@ -19,7 +19,7 @@ import os
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import DIRECTORY, FILE, display_url
+from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Transport
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
@@ -33,6 +33,7 @@ from tensorfs.sources.transports.objects import (
     store_spec,
     trusted_roots,
 )
+from tensorfs.sources.urls import display_url
 
 SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss")
 STORE = {"s3": "S3Store", "s3a": "S3Store", "gs": "GCSStore", "gcs": "GCSStore",

@@ -13,7 +13,7 @@ import posixpath
 import time
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import DIRECTORY, FILE, display_url
+from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import (
     PROBE_BYTES,
     FetchError,
@@ -22,6 +22,7 @@ from tensorfs.sources.transports.base import (
     exact,
     missing_extra,
 )
+from tensorfs.sources.urls import display_url
 
 
 class FsspecTransport(Transport):

@@ -25,7 +25,6 @@ import os
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import display_url
 from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Transport
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
@@ -38,6 +37,7 @@ from tensorfs.sources.transports.objects import (
     store_spec,
     trusted_roots,
 )
+from tensorfs.sources.urls import display_url
 
 log = logging.getLogger("tensorfs")
 

@@ -13,16 +13,19 @@ Hub's JSON, or more of it than any repository's.
 from __future__ import annotations
 
 import functools
+import os
+import ssl
 import sys
 import threading
 from itertools import islice
 from urllib.parse import quote
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.location import DIRECTORY, FILE, display_url
+from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import FetchError, bounded, missing_extra
 from tensorfs.sources.transports.http import HttpTransport
 from tensorfs.sources.transports.objects import obstore, python_tls_problem, trusted_roots
+from tensorfs.sources.urls import display_url
 
 # The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
 # repository of 100,000 files: ~15 MiB of siblings); a server that sends more, or an endless
@@ -83,11 +86,58 @@ def _bound_answers() -> None:
     hooks = client.event_hooks
     client.event_hooks = {"request": [*hooks.get("request", []), _ask_plain],
                           "response": [*hooks.get("response", []), _bound_body]}
-    client._tensorfs_bounded = True
+    client._tensorfs_bounded = True  # type: ignore[attr-defined]  # httpx's, tagged
+
+
+def trust_context(root_certificate: str | None):
+    """The certificates the Hub's API requests trust, as the file reads (rustls) do:
+    SSL_CERT_FILE and SSL_CERT_DIR where either is set (both, if both are: httpx alone would
+    read only the file), else the system's store; and ``root_certificate``'s PEM text
+    beside them."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    cafile = cafile if cafile and os.path.isfile(cafile) else None
+    capath = capath if capath and os.path.isdir(capath) else None
+    if cafile or capath:
+        context = ssl.create_default_context(cafile=cafile, capath=capath)
+    else:
+        context = ssl.create_default_context()      # the system's store, as OpenSSL finds it
+    if root_certificate:
+        context.load_verify_locations(cadata=root_certificate)
+    return context
+
+
+_trusted: tuple | None = None       # the trust huggingface_hub's client was made with
+
+
+def _trust_hub_client(root_certificate: str | None) -> None:
+    """huggingface_hub's shared client (its API requests: the revision, the listings) made
+    to trust what ``trust_context`` says; left as huggingface_hub makes it where that is
+    the same (no ``root_certificate``, not both SSL_CERT_FILE and SSL_CERT_DIR)."""
+    global _trusted
+    wanted = (root_certificate, os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    if _trusted == wanted or (_trusted is None and not root_certificate
+                              and not (wanted[1] and wanted[2])):
+        return
+    from huggingface_hub import close_session, set_client_factory  # the remote extra
+    from huggingface_hub.utils import _http
+
+    context = trust_context(root_certificate)
+
+    def client():       # huggingface_hub's own client, but for what it trusts
+        made = _http.default_client_factory()
+        library = sys.modules[type(made).__module__.partition(".")[0]]     # httpx or httpx2
+        hooks, timeout = made.event_hooks, made.timeout
+        made.close()
+        return library.Client(event_hooks=hooks, follow_redirects=True, timeout=timeout,
+                              verify=context)
+    set_client_factory(client)
+    close_session()
+    _trusted = wanted
 
 
 class HubTransport(HttpTransport):
     etag_checked = False            # the commit pins the bytes (a CDN's ETag may differ)
+    commit: str | None = None       # the revision's, resolved at the first connect
     listable = True
 
     def normalize(self, path):
@@ -109,6 +159,11 @@ class HubTransport(HttpTransport):
                          or huggingface_hub.constants.ENDPOINT).rstrip("/")
         self._headers = dict(options.pop("headers", None) or {})
         self._extra = trusted_roots(options, display_url(self.url))
+        try:
+            _trust_hub_client(self._extra.get("root_certificate"))
+        except ssl.SSLError as error:   # a PEM block OpenSSL cannot read, a trust path it cannot
+            raise ModelError("remote_options", "the certificates to trust cannot be loaded "
+                             f"({error.reason or error})", file=display_url(self.url)) from None
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
         self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=self.token or False)
@@ -125,7 +180,7 @@ class HubTransport(HttpTransport):
         self.repo_id = f"{parts[0]}/{repo}"
         self.root = f"hf://{self.type_prefix}{parts[0]}/{parts[1]}"
         self.revision = revision or "main"
-        if not hasattr(self, "commit"):
+        if self.commit is None:         # resolved once, not again at a reopen (fork)
             self.commit = self._resolve()
         self._listings: dict[str, tuple[set, set]] = {}
         self._sizes: dict[str, dict[str, int]] = {}

@@ -533,8 +533,8 @@ def untrusted_certificate(text: str, where: str) -> FetchError:
 
 def python_tls_problem(error: BaseException) -> str | None:
     """What a certificate refused by Python's ssl (huggingface_hub's HTTP client) means, from
-    anywhere in ``error``'s chain, or None.  That client trusts the system's store or
-    SSL_CERT_FILE / SSL_CERT_DIR, not ``root_certificate``."""
+    anywhere in ``error``'s chain, or None.  That client trusts what rustls does
+    (``tensorfs.sources.transports.hub.trust_context``)."""
     import ssl
 
     seen = set()
@@ -543,8 +543,7 @@ def python_tls_problem(error: BaseException) -> str | None:
         if isinstance(error, ssl.SSLCertVerificationError):
             why = error.verify_message or str(error)
             return (f"the server's certificate is not trusted (OpenSSL: {why}): trust its CA "
-                    "with SSL_CERT_FILE=PATH or SSL_CERT_DIR=DIR, or in the system's store "
-                    "(the Hub's API requests do not read root_certificate)")
+                    f"with {TRUST_WAYS}, or in the system's store")
         error = error.__cause__ or error.__context__ or (error.args[0] if error.args and
                                                          isinstance(error.args[0], BaseException)
                                                          else None)

@@ -21,40 +21,47 @@ the mapping of errors lives with the filesystem, not here.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
+import itertools
 import logging
 import os
-import platform
 import signal
 import stat
 import threading
 import time
-from typing import NamedTuple
 
-from tensorfs.mount.options import MountOptions
+from tensorfs.fuse.abi import (
+    BACKING_STACKED_OVER,
+    CALLBACK_TYPES,
+    FI_KEEP_CACHE,
+    FI_NOFLUSH,
+    FUSE_BUF_FD_SEEK,
+    FUSE_BUF_IS_FD,
+    FUSE_CAP_PARALLEL_DIROPS,
+    FUSE_CAP_PASSTHROUGH,
+    FUSE_CAP_READDIRPLUS_AUTO,
+    FUSE_CAP_SPLICE_WRITE,
+    FUSE_SET_ATTR_GID,
+    FUSE_SET_ATTR_MODE,
+    FUSE_SET_ATTR_SIZE,
+    FUSE_SET_ATTR_UID,
+    INTERRUPT_FUNC,
+    OPS_SLOTS,
+    ROOT_INO,
+    EntryParam,
+    FileInfo,
+    FuseArgs,
+    FuseBufvec,
+    LoopConfig32,
+    Stat,
+    Statvfs,
+)
+from tensorfs.fuse.loader import FuseUnavailable, describe, libfuse, libfuse_said
+from tensorfs.fuse.operations import Entry, FsError, Later
+from tensorfs.fuse.options import MountOptions
 from tensorfs.runtime import descriptor_of, mount_device
 
 log = logging.getLogger("tensorfs")
-
-ROOT_INO = 1
-# Capability bits (fuse_common.h, the same in every libfuse 3).
-FUSE_CAP_SPLICE_WRITE = 1 << 7
-FUSE_CAP_READDIRPLUS_AUTO = 1 << 14
-FUSE_CAP_PASSTHROUGH = 1 << 29          # 3.17 on (Linux 6.9 on)
-FUSE_CAP_PARALLEL_DIROPS = 1 << 18      # fuse_common.h: lookups in one directory at once
-# struct fuse_buf's flags (enum fuse_buf_flags)
-FUSE_BUF_IS_FD = 1 << 1
-FUSE_BUF_FD_SEEK = 1 << 2
-# struct fuse_file_info's bit fields, in the one 32-bit word after ``flags`` (GCC allocates
-# bit fields from the least significant bit on little-endian machines;
-# tests/test_struct_layout.py checks it)
-FI_KEEP_CACHE = 1 << 2
-FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
-# fuse_conn_info.max_backing_stack_depth: FUSE_BACKING_STACKED_OVER, so that a model on a
-# stacked filesystem (overlayfs: a container's root) can be a backing file too; the cost is
-# that this mount cannot itself be stacked under another overlay.
-BACKING_STACKED_OVER = 1
 
 # An edit's reply waits this long, at most, for the kernel to forget what the edit changed
 # (Session.invalidate).
@@ -64,327 +71,14 @@ INVALIDATE_WAIT_S = 2.0
 PASSTHROUGH, SPLICE, COPY = "passthrough", "splice", "copy"
 
 
-class FuseUnavailable(RuntimeError):
-    """libfuse 3 is missing or refused the mount: said in one line by the CLI."""
-
-
-class FsError(OSError):
-    """A deliberate answer (ENOENT, ENOTDIR, ENODATA ...), sent as it is."""
-
-    def __init__(self, code: int):
-        super().__init__(code, os.strerror(code))
-
-
-class Entry(NamedTuple):
-    """What ``stat`` says of one node.  The rest (owner, times, block size) is the same for
-    every node of a mount and given to ``Session``.  In a listing, ``size`` None means "not
-    known without work": that entry goes without attributes and the kernel looks it up.
-    ``mtime_ns``: the node's own mtime (a file of files/), else the mount's; ``owner``:
-    the node's own (mode bits, uid, gid) (a local file of files/), else the mount's."""
-    ino: int
-    is_dir: bool
-    size: int | None
-    nlink: int
-    mtime_ns: int | None = None
-    owner: tuple[int, int, int] | None = None
-    writable: bool = False          # an editable mount's file or directory: the owner may write
-
-
-# -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
-# size and offset with what the C compiler says for the installed headers) -----------------
-
-class Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _StatX86_64(ctypes.Structure):
-    _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
-                ("st_nlink", ctypes.c_uint64), ("st_mode", ctypes.c_uint32),
-                ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                ("_pad0", ctypes.c_int32), ("st_rdev", ctypes.c_uint64),
-                ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int64),
-                ("st_blocks", ctypes.c_int64), ("st_atim", Timespec),
-                ("st_mtim", Timespec), ("st_ctim", Timespec),
-                ("_reserved", ctypes.c_int64 * 3)]
-
-
-class _StatGeneric64(ctypes.Structure):     # the kernel's asm-generic layout (aarch64)
-    _fields_ = [("st_dev", ctypes.c_uint64), ("st_ino", ctypes.c_uint64),
-                ("st_mode", ctypes.c_uint32), ("st_nlink", ctypes.c_uint32),
-                ("st_uid", ctypes.c_uint32), ("st_gid", ctypes.c_uint32),
-                ("st_rdev", ctypes.c_uint64), ("_pad1", ctypes.c_uint64),
-                ("st_size", ctypes.c_int64), ("st_blksize", ctypes.c_int32),
-                ("_pad2", ctypes.c_int32), ("st_blocks", ctypes.c_int64),
-                ("st_atim", Timespec), ("st_mtim", Timespec), ("st_ctim", Timespec),
-                ("_reserved", ctypes.c_int32 * 2)]
-
-
-# struct stat is the C library's, so it is chosen by system and machine together: macOS on
-# arm64 is not Linux on aarch64.  Only Linux is served at all (_load says why).
-STAT_LAYOUTS = {("Linux", "x86_64"): _StatX86_64, ("Linux", "aarch64"): _StatGeneric64}
-Stat = STAT_LAYOUTS.get((platform.system(), platform.machine()))
-
-
-class EntryParam(ctypes.Structure):
-    _fields_ = [("ino", ctypes.c_uint64), ("generation", ctypes.c_uint64), ("attr", Stat or ctypes.c_char),
-                ("attr_timeout", ctypes.c_double), ("entry_timeout", ctypes.c_double)]
-
-
-class Statvfs(ctypes.Structure):
-    _fields_ = [("f_bsize", ctypes.c_ulong), ("f_frsize", ctypes.c_ulong),
-                ("f_blocks", ctypes.c_uint64), ("f_bfree", ctypes.c_uint64),
-                ("f_bavail", ctypes.c_uint64), ("f_files", ctypes.c_uint64),
-                ("f_ffree", ctypes.c_uint64), ("f_favail", ctypes.c_uint64),
-                ("f_fsid", ctypes.c_ulong), ("f_flag", ctypes.c_ulong),
-                ("f_namemax", ctypes.c_ulong), ("_spare", ctypes.c_int * 6)]
-
-
-class ConnInfo(ctypes.Structure):
-    """struct fuse_conn_info: 128 bytes in every libfuse 3, each version giving more of the
-    reserved tail a meaning: 3.17 ``capable_ext`` and ``want_ext`` (64-bit flags replacing
-    ``capable`` and ``want``), 3.18 ``request_timeout``.  Before 3.17 the bytes declared here
-    as those fields are reserved, and never touched."""
-    _fields_ = [("proto_major", ctypes.c_uint32), ("proto_minor", ctypes.c_uint32),
-                ("max_write", ctypes.c_uint32), ("max_read", ctypes.c_uint32),
-                ("max_readahead", ctypes.c_uint32), ("capable", ctypes.c_uint32),
-                ("want", ctypes.c_uint32), ("max_background", ctypes.c_uint32),
-                ("congestion_threshold", ctypes.c_uint32), ("time_gran", ctypes.c_uint32),
-                ("max_backing_stack_depth", ctypes.c_uint32),     # 3.17 on
-                ("_flag_bits", ctypes.c_uint32),                   # no_interrupt:1, padding:31
-                ("capable_ext", ctypes.c_uint64), ("want_ext", ctypes.c_uint64),
-                ("_tail", ctypes.c_uint8 * 64)]      # reserved; 3.18 took request_timeout
-
-
-class FileInfo(ctypes.Structure):
-    """struct fuse_file_info: 40 bytes before 3.17, 64 from 3.17 on (``backing_id`` and the
-    fields after it were the tail padding).  Only ``_bits`` (FI_*), ``fh`` and, from 3.17 on,
-    ``backing_id`` are written."""
-    _fields_ = [("flags", ctypes.c_int32), ("_bits", ctypes.c_uint32),
-                ("_padding2", ctypes.c_uint32), ("_padding3", ctypes.c_uint32),
-                ("fh", ctypes.c_uint64), ("lock_owner", ctypes.c_uint64),
-                ("poll_events", ctypes.c_uint32),
-                ("backing_id", ctypes.c_int32),                    # 3.17 on
-                ("compat_flags", ctypes.c_uint64),                 # 3.17 on
-                ("_reserved", ctypes.c_uint64 * 2)]
-
-
-class FuseBuf(ctypes.Structure):
-    """struct fuse_buf; ``mem_size`` from 3.17 on (libfuse reads it only for memory it
-    allocated itself: zero here)."""
-    _fields_ = [("size", ctypes.c_size_t), ("flags", ctypes.c_int), ("mem", ctypes.c_void_p),
-                ("fd", ctypes.c_int), ("pos", ctypes.c_int64),
-                ("mem_size", ctypes.c_size_t)]                     # 3.17 on
-
-
-class FuseBufvec(ctypes.Structure):
-    """struct fuse_bufvec with one buffer (``buf[1]`` in C)."""
-    _fields_ = [("count", ctypes.c_size_t), ("idx", ctypes.c_size_t), ("off", ctypes.c_size_t),
-                ("buf", FuseBuf * 1)]
-
-
-class FuseCtx(ctypes.Structure):
-    """struct fuse_ctx: who sent a request."""
-    _fields_ = [("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("pid", ctypes.c_int32),
-                ("umask", ctypes.c_uint32)]
-
-
-# fuse_lowlevel.h: which attributes a SETATTR sets
-FUSE_SET_ATTR_MODE, FUSE_SET_ATTR_UID, FUSE_SET_ATTR_GID, FUSE_SET_ATTR_SIZE = 1, 2, 4, 8
-
-
-class FuseArgs(ctypes.Structure):
-    _fields_ = [("argc", ctypes.c_int), ("argv", ctypes.POINTER(ctypes.c_char_p)),
-                ("allocated", ctypes.c_int)]
-
-
-# struct fuse_lowlevel_ops: function pointers in this order (fuse_lowlevel.h, 3.0 to 3.18;
-# later versions only append: 3.18 added tmpfile and statx).  A slot left NULL is answered by libfuse itself.
-OPS_SLOTS = ("init destroy lookup forget getattr setattr readlink mknod mkdir unlink rmdir "
-             "symlink rename link open read write flush release fsync opendir readdir "
-             "releasedir fsyncdir statfs setxattr getxattr listxattr removexattr access create "
-             "getlk setlk bmap ioctl poll write_buf retrieve_reply forget_multi flock fallocate "
-             "readdirplus copy_file_range lseek").split()
-
-req_t, ino_t, fi_p = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p
-CALLBACK_TYPES = {
-    "init": ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ConnInfo)),
-    "lookup": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
-    "getattr": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
-    "open": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
-    "opendir": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
-    "read": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t, ctypes.c_int64, fi_p),
-    "readdir": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t, ctypes.c_int64, fi_p),
-    "readdirplus": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t, ctypes.c_int64, fi_p),
-    "statfs": ctypes.CFUNCTYPE(None, req_t, ino_t),
-    "getxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_size_t),
-    "listxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_size_t),
-    # an editable mount's (--edits): writes, new files, removals, renames
-    "setattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_int, fi_p),
-    "unlink": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
-    "rmdir": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
-    "rename": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ino_t, ctypes.c_char_p,
-                               ctypes.c_uint),
-    "write": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_void_p, ctypes.c_size_t,
-                              ctypes.c_int64, fi_p),
-    "flush": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
-    "release": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
-    "create": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_uint32, fi_p),
-    "setxattr": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p, ctypes.c_void_p,
-                                 ctypes.c_size_t, ctypes.c_int),
-}
-
-
-# libfuse 3.17 renamed the shared object (ABI 4); nothing the binding uses changed with it.
-SONAMES = ("libfuse3.so.4", "libfuse3.so.3")
-
-NOT_LINUX = ("tensorfs mounts on Linux only ({system} here): it needs libfuse 3 and Linux's "
-             "FUSE protocol (READDIRPLUS, 1 MiB requests), which macFUSE and BSD lack")
-
-
-def _candidates() -> list[str]:
-    """Where to look, in the dynamic linker's order: LD_LIBRARY_PATH's directories first
-    (either name), then the system's cache.  Asking dlopen for one name after the other would
-    let the cache's libfuse3.so.3 win over an LD_LIBRARY_PATH holding only libfuse3.so.4."""
-    found = []
-    for directory in os.environ.get("LD_LIBRARY_PATH", "").split(":"):
-        for name in SONAMES:
-            path = os.path.join(directory, name)
-            if directory and os.path.exists(path):
-                found.append(path)
-    return found + list(SONAMES)
-
-
-def _load():
-    if platform.system() != "Linux":
-        raise FuseUnavailable(NOT_LINUX.format(system=platform.system()))
-    if Stat is None:
-        raise FuseUnavailable(f"no struct stat layout for {platform.machine()} "
-                              f"(x86_64 and aarch64 only)")
-    lib = None
-    for name in _candidates():
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    if lib is None:
-        raise FuseUnavailable("libfuse 3 not found (libfuse3.so.4 or libfuse3.so.3): "
-                              "install Debian's fuse3 (apt-get install fuse3)")
-
-    def fn(symbol, restype, *argtypes):
-        f = getattr(lib, symbol)
-        f.restype, f.argtypes = restype, list(argtypes)
-        return f
-
-    P, sz, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
-    lib.version = lib.fuse_version()                    # 317 for 3.17.x
-    fn("fuse_pkgversion", ctypes.c_char_p)
-    if hasattr(lib, "fuse_set_log_func"):                # 3.7 on
-        fn("fuse_set_log_func", None, _LOG_FUNC)(_log_callback)
-    if hasattr(lib, "fuse_unset_feature_flag"):          # 3.17.3 on (an inline before)
-        fn("fuse_unset_feature_flag", None, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
-    fn("fuse_reply_err", ctypes.c_int, P, ctypes.c_int)
-    fn("fuse_reply_entry", ctypes.c_int, P, ctypes.POINTER(EntryParam))
-    fn("fuse_reply_attr", ctypes.c_int, P, ctypes.POINTER(Stat), ctypes.c_double)
-    fn("fuse_reply_buf", ctypes.c_int, P, P, sz)
-    fn("fuse_reply_open", ctypes.c_int, P, ctypes.POINTER(FileInfo))
-    fn("fuse_reply_data", ctypes.c_int, P, ctypes.POINTER(FuseBufvec), ctypes.c_int)
-    if hasattr(lib, "fuse_passthrough_open"):            # 3.17 on
-        fn("fuse_passthrough_open", ctypes.c_int, P, ctypes.c_int)
-    if hasattr(lib, "fuse_set_feature_flag"):            # 3.17.3 on (an inline before)
-        fn("fuse_set_feature_flag", ctypes.c_bool, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
-    fn("fuse_reply_statfs", ctypes.c_int, P, ctypes.POINTER(Statvfs))
-    fn("fuse_reply_write", ctypes.c_int, P, sz)
-    fn("fuse_reply_create", ctypes.c_int, P, ctypes.POINTER(EntryParam), P)
-    fn("fuse_req_ctx", ctypes.POINTER(FuseCtx), P)
-    fn("fuse_lowlevel_notify_inval_inode", ctypes.c_int, P, ctypes.c_uint64, i64, i64)
-    fn("fuse_reply_xattr", ctypes.c_int, P, sz)
-    fn("fuse_add_direntry", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(Stat), i64)
-    fn("fuse_add_direntry_plus", sz, P, P, sz, ctypes.c_char_p, ctypes.POINTER(EntryParam), i64)
-    fn("fuse_session_new", P, ctypes.POINTER(FuseArgs), P, sz, P)
-    fn("fuse_session_mount", ctypes.c_int, P, ctypes.c_char_p)
-    fn("fuse_set_signal_handlers", ctypes.c_int, P)
-    fn("fuse_remove_signal_handlers", None, P)
-    fn("fuse_session_loop", ctypes.c_int, P)
-    fn("fuse_session_unmount", None, P)
-    fn("fuse_session_exited", ctypes.c_int, P)
-    fn("fuse_session_destroy", None, P)
-    if hasattr(lib, "fuse_session_loop_mt_312"):           # 3.12 and later
-        fn("fuse_session_loop_mt_312", ctypes.c_int, P, P)
-        fn("fuse_loop_cfg_create", P)
-        fn("fuse_loop_cfg_destroy", None, P)
-    else:
-        fn("fuse_session_loop_mt_32", ctypes.c_int, P, P)
-    return lib
-
-
-# libfuse's own messages ("fuse: unknown option ...") go to stderr, which is /dev/null in the
-# daemon: they are sent to the log instead, and the last error kept for the one error line.
-_LOG_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-_LOG_LEVELS = [logging.CRITICAL] * 3 + [logging.ERROR, logging.WARNING] + [logging.INFO] * 2 \
-    + [logging.DEBUG]
-_libfuse_said = {"error": None, "partial": ""}
-
-
-def _log_libfuse(level, fmt, ap):
-    # ap is a va_list: a pointer on x86_64, and passed by reference on aarch64 (AAPCS64
-    # passes a composite of 32 bytes by address), so vsnprintf takes it as it came.
-    buf = ctypes.create_string_buffer(1024)
-    _vsnprintf(buf, len(buf), fmt, ap)
-    text = _libfuse_said["partial"] + buf.value.decode(errors="replace")
-    if not text.endswith("\n"):          # some messages come in pieces ("unknown option(s): `")
-        _libfuse_said["partial"] = text
-        return
-    _libfuse_said["partial"] = ""
-    text = " ".join(text.split())
-    for prefix in ("fuse: ", "error: "):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    level = _LOG_LEVELS[min(max(level, 0), 7)]
-    if level >= logging.ERROR:
-        _libfuse_said["error"] = text
-    log.log(level, "libfuse: %s", text)
-
-
-_log_callback = _LOG_FUNC(_log_libfuse)
-_vsnprintf = ctypes.CDLL(None).vsnprintf
-_vsnprintf.restype = ctypes.c_int
-_vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
-
-
-def describe(lib) -> str:
-    """"libfuse 3.17.2 (/usr/lib/.../libfuse3.so.3.17.2)": which library this process uses."""
-    path = "?"
-    try:
-        with open("/proc/self/maps") as f:
-            path = next((line.split()[-1] for line in f if "/libfuse3.so" in line), path)
-    except OSError:
-        pass
-    return f"libfuse {lib.fuse_pkgversion().decode(errors='replace')} ({path})"
-
-
-_lib = None
-
-
-def libfuse():
-    global _lib
-    if _lib is None:
-        _lib = _load()
-    return _lib
-
-
 # "." and "..": a name and a type, never attributes (the kernel knows both directories).
 _DOTS = ((b".", Entry(ROOT_INO, True, None, 2)), (b"..", Entry(ROOT_INO, True, None, 2)))
-
-
-class _LoopConfig32(ctypes.Structure):         # struct fuse_loop_config before 3.12
-    _fields_ = [("clone_fd", ctypes.c_int), ("max_idle_threads", ctypes.c_uint)]
 
 
 class Session:
     """One mount served by libfuse's loop, calling into ``fs``.
 
-    ``fs`` is a ``tensorfs.mount.operations.Operations``: its methods, documented there, answer
+    ``fs`` is a ``tensorfs.fuse.operations.Operations``: its methods, documented there, answer
     the kernel's requests.  ``FsError(errno)`` is answered as it is; ``errno_of(exc)``
     (given: the filesystem's ``Operations.errno_of``) maps (and may log) any other exception.
 
@@ -444,6 +138,12 @@ class Session:
         self._inval_queue: list = []
         self._inval_wake = threading.Event()
         self._inval_thread = None
+        # requests answered later (``Later``): key -> the Later; no libfuse thread waits
+        self._waiting: dict[int, Later] = {}
+        self._waiting_lock = threading.Lock()
+        self._waiting_keys = itertools.count(1)
+        self._waits_ended = False
+        self._on_interrupt = INTERRUPT_FUNC(self._interrupted)     # kept: libfuse calls it
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -632,7 +332,7 @@ class Session:
                 backing = self._backing[ino] = self.lib.fuse_passthrough_open(req, fd)
                 if backing <= 0:
                     log.warning("passthrough refused for inode %d (%s): its reads go by %s",
-                                ino, _libfuse_said["error"] or "no reason given",
+                                ino, libfuse_said["error"] or "no reason given",
                                 self._fallback)
             return backing
 
@@ -716,7 +416,72 @@ class Session:
             self.lib.fuse_reply_buf(req, data, len(data))
 
     def _getxattr(self, req, ino, name, size):
-        self._reply_sized(req, self.fs.getxattr(ino, name.decode("utf-8", "surrogateescape")), size)
+        value = self.fs.getxattr(ino, name.decode("utf-8", "surrogateescape"))
+        if isinstance(value, Later):
+            self._defer(req, value, lambda data: self._reply_sized(req, data, size))
+        else:
+            self._reply_sized(req, value, size)
+
+    # -- answers that come later: the request is kept, no thread waits -------------------------
+    def _defer(self, req, later: Later, reply) -> None:
+        """Answer ``req`` with ``reply(value)`` once ``later`` is settled, from the thread that
+        settles it; the libfuse thread that asked returns now.  An INTERRUPT of the request
+        (its caller got a signal or was killed) answers EINTR and tells the ``Later``'s owner
+        (``give_up``); a session that ends answers ECANCELED (``_end_waits``).  Each request
+        is answered once: the first of these takes it out of ``_waiting``, and every reply
+        is sent under ``_waiting_lock``, so none is sent once the session is gone."""
+        key = next(self._waiting_keys)
+        with self._waiting_lock:
+            ended = self._waits_ended
+            if ended:
+                self.lib.fuse_reply_err(req, errno.ECANCELED)
+            else:
+                self._waiting[key] = later
+        if ended:
+            later.give_up(errno.ECANCELED)          # its owner stops waiting for a reply
+            return
+
+        def deliver(ok: bool, value) -> None:
+            with self._waiting_lock:
+                if self._waiting.pop(key, None) is None:
+                    return
+                try:
+                    if not ok:
+                        raise value
+                    reply(value)
+                except FsError as exc:
+                    self.lib.fuse_reply_err(req, exc.errno)
+                except BaseException as exc:
+                    self.lib.fuse_reply_err(req, self.errno_of(exc))
+
+        # Registered before any reply can free the request.  If it was interrupted already,
+        # libfuse calls _interrupted from inside this call, holding no reference of its own:
+        # a reply sent there would free the request under libfuse's feet.  None is, because
+        # the delivery is handed over only after (an INTERRUPT read later is called with a
+        # reference held, and may reply).
+        self.lib.fuse_req_interrupt_func(req, self._on_interrupt, key)
+        later.deliver_to(deliver)
+
+    def _interrupted(self, req, key) -> None:
+        with self._waiting_lock:
+            later = self._waiting.get(key or 0)
+        if later is not None:
+            log.debug("request %d interrupted: answered EINTR", key)
+            try:
+                later.give_up(errno.EINTR)
+            except Exception:                   # called by libfuse: nothing above to raise to
+                log.exception("an interrupted request's work could not be told")
+
+    def _end_waits(self) -> None:
+        """The session is ending: every request still waiting is answered ECANCELED, before
+        libfuse lets go of them; a ``Later`` settled afterwards answers nothing."""
+        with self._waiting_lock:
+            self._waits_ended = True
+            waiting = list(self._waiting.values())
+        for later in waiting:
+            later.give_up(errno.ECANCELED)
+        with self._waiting_lock:            # a reply being sent by another thread is done
+            self._waiting.clear()
 
     def _listxattr(self, req, ino, size):
         names = self.fs.listxattr(ino)
@@ -729,7 +494,8 @@ class Session:
         under allow_other another user may read, never edit."""
         g = self._guarded
         return {"open": g(self._open_editable), "read": g(self._read_editable),
-                "write": g(self._write), "flush": g(self._flush), "release": g(self._release),
+                "write": g(self._write), "flush": g(self._flush), "fsync": g(self._fsync),
+                "release": g(self._release),
                 "create": g(self._create), "setattr": g(self._setattr),
                 "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
                 "setxattr": g(self._setxattr)}
@@ -807,6 +573,10 @@ class Session:
         self.fs.flush(ino, self._fh(fi))
         self.lib.fuse_reply_err(req, 0)
 
+    def _fsync(self, req, ino, datasync, fi):
+        self.fs.fsync(ino, self._fh(fi))
+        self.lib.fuse_reply_err(req, 0)
+
     def _release(self, req, ino, fi):
         self.fs.release(ino, self._fh(fi))
         self.lib.fuse_reply_err(req, 0)
@@ -821,7 +591,14 @@ class Session:
 
     def _setattr(self, req, ino, attr, to_set, fi):
         if to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID):
-            raise FsError(errno.EPERM)
+            # modes and owners are the mount's: setting them to what they are is answered
+            # (sed -i and vim give their new file the old one's), any change refused
+            asked, now = ctypes.cast(attr, ctypes.POINTER(Stat)).contents, Stat()
+            self._fill_stat(now, self.fs.getattr(ino, self._fh(fi)))
+            if (to_set & FUSE_SET_ATTR_MODE and asked.st_mode & 0o7777 != now.st_mode & 0o7777
+                    or to_set & FUSE_SET_ATTR_UID and asked.st_uid != now.st_uid
+                    or to_set & FUSE_SET_ATTR_GID and asked.st_gid != now.st_gid):
+                raise FsError(errno.EPERM)
         if to_set & FUSE_SET_ATTR_SIZE:
             self._owner_only(req)
             size = ctypes.cast(attr, ctypes.POINTER(Stat)).contents.st_size
@@ -893,10 +670,10 @@ class Session:
         argv = (ctypes.c_char_p * (len(argv_list) + 1))(*argv_list, None)
         args = FuseArgs(len(argv_list), argv, 0)
         self._mountpoint = mountpoint
-        _libfuse_said["error"] = None
+        libfuse_said["error"] = None
         se = lib.fuse_session_new(ctypes.byref(args), ops, ctypes.sizeof(ops), None)
         if not se:
-            raise FuseUnavailable(_libfuse_said["error"] or
+            raise FuseUnavailable(libfuse_said["error"] or
                                   f"libfuse refused the mount options: {','.join(mount_options)}")
         try:
             # libfuse installs its SIGINT/SIGTERM/SIGHUP handlers only where the default is
@@ -907,7 +684,7 @@ class Session:
             self._se = se
             try:
                 if lib.fuse_session_mount(se, mountpoint.encode("utf-8", "surrogateescape")) != 0:
-                    raise FuseUnavailable(_libfuse_said["error"] or f"{mountpoint}: mount failed")
+                    raise FuseUnavailable(libfuse_said["error"] or f"{mountpoint}: mount failed")
                 threading.Thread(target=self._announce, args=(mountpoint, on_ready),
                                  name="tensorfs-ready", daemon=True).start()
                 if on_stop is not None:
@@ -919,6 +696,7 @@ class Session:
                     with self._ready_lock:
                         self._ended = True
                     self._init_done.set()
+                    self._end_waits()
                     lib.fuse_session_unmount(se)
             finally:
                 lib.fuse_remove_signal_handlers(se)
@@ -928,7 +706,7 @@ class Session:
             lib.fuse_session_destroy(se)
         # The loop returns 0 (unmounted), the signal that ended it, or -errno.
         if code < 0 or (code == 0 and not self._live):
-            reason = _libfuse_said["error"] or (os.strerror(-code) if code < 0 else "unmounted")
+            reason = libfuse_said["error"] or (os.strerror(-code) if code < 0 else "unmounted")
             when = "" if self._live else " before the mount was live"
             raise FuseUnavailable(f"{mountpoint}: libfuse ended the session{when}: {reason}")
 
@@ -996,5 +774,5 @@ class Session:
         # flat, docs/serving.md).  So none is destroyed: the pool stays at the most requests
         # ever in flight at once.  INT_MAX, the largest value libfuse reads as an int:
         # UINT_MAX would compare as -1 and destroy every worker after each request.
-        config = _LoopConfig32(0, 2**31 - 1)
+        config = LoopConfig32(0, 2**31 - 1)
         return lib.fuse_session_loop_mt_32(se, ctypes.byref(config))

@@ -12,7 +12,7 @@ returns when it is unmounted.
        libfuse's and fusermount's own        and fusermount wrote to stderr goes to the parent,
        words, in one line                    which is where a refused mount says why
 
-The runtime files (``tensorfs.runtime``): ``NAME.pid`` (the daemon's pid, one line: what
+The runtime files (``tensorfs.runtime.files``): ``NAME.pid`` (the daemon's pid, one line: what
 ``unmount`` waits on), the status file ``NAME.json`` (``tensorfs.status``: what ``tensorfs
 list`` shows) and the default log ``NAME.log``, removed after a clean unmount.
 """
@@ -28,8 +28,10 @@ import stat
 import threading
 import time
 
-from tensorfs import runtime, status
+from tensorfs import status
 from tensorfs.errors import printable
+from tensorfs.runtime import claims, userlog
+from tensorfs.runtime import files as runtime
 
 log = logging.getLogger("tensorfs")
 
@@ -104,8 +106,8 @@ def open_log(path: str | None, mountpoint: str) -> tuple[str, int, bool]:
     try:
         # O_NOCTTY: the daemon leads its session, and a terminal it opened would become its
         # controlling terminal
-        # ... and never another user's file or link (runtime.open_user_log)
-        fd = runtime.open_user_log(path)
+        # ... and never another user's file or link (runtime.userlog)
+        fd = userlog.open_user_log(path)
     except OSError as error:
         raise DaemonError(f"--log {path}: {error.strerror}") from None
     return os.path.abspath(path), fd, False
@@ -183,6 +185,53 @@ def daemon_pid(mountpoint: str) -> int | None:
     return None
 
 
+MOUNT_ASK_S = 5.0       # how long unmount waits for a mount to say its daemon's pid
+
+
+def daemon_of_mount(mountpoint: str) -> int | None:
+    """The pid of the daemon serving ``mountpoint`` (resolved), asked of the mount itself:
+    its root's ``user.tensorfs.pid``, whatever runtime directory the daemon's files are in
+    (a shell with another XDG_RUNTIME_DIR).  What it says is taken only for a live process
+    of this user that holds /dev/fuse open; a mount that does not answer within
+    ``MOUNT_ASK_S`` (a stopped daemon), a dead one (ENOTCONN) or an older daemon gives
+    None."""
+    from tensorfs.mount.adapter import PID_XATTR
+
+    answer: list[bytes] = []
+
+    def ask():
+        try:
+            answer.append(os.getxattr(mountpoint, PID_XATTR, follow_symlinks=False))
+        except OSError:
+            pass
+
+    asking = threading.Thread(target=ask, name="tensorfs-ask-mount", daemon=True)
+    asking.start()
+    asking.join(MOUNT_ASK_S)
+    try:
+        pid = int(answer[0]) if answer else None
+    except ValueError:
+        return None
+    return pid if pid is not None and pid > 0 and _serves_fuse(pid) else None
+
+
+def _serves_fuse(pid: int) -> bool:
+    """``pid`` is a live process of this user with /dev/fuse open: a FUSE daemon of ours."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid() or not running(pid):
+            return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse":
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def running(pid: int) -> bool:
     """Alive and not a zombie (an orphaned daemon waits for init to reap it)."""
     try:
@@ -246,6 +295,7 @@ class _Life:
 
     def start(self) -> None:
         _write(self.pid_name, f"{os.getpid()}\n".encode())
+        claims.serving(self.mountpoint)     # a directory it holds (--edits) names this mount
 
     def on_ready(self) -> None:
         self.ready = True
