@@ -1,5 +1,5 @@
 """tensorfs beside rclone, the FUSE filesystem a user would pick instead to read a model over
-HTTP (issue 31), in one run on one loopback nginx started here (tests/servers.py), with
+HTTP (issue 31), in one run on one loopback nginx started here (tests/support/servers.py), with
 `curl` of the same ranges as the wire's reference.
 
     python bench/bench_peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]

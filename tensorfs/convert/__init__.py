@@ -35,8 +35,7 @@ if TYPE_CHECKING:
 
 # The kernels (and numpy with them) are imported when a type that needs one is first asked
 # for, not with this package: a mount imports it (plan_view) to learn that most tensors
-# need none, and numpy is most of a mount command's imports (docs/benchmarks.md, "The copy
-# limit": the first 4 KiB).
+# need none, and numpy is most of a mount command's imports (docs/copylimit.md).
 
 __all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 

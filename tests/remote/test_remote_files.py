@@ -144,7 +144,7 @@ def test_many_concurrent_readers_of_a_mount_get_the_files_bytes(blocks, nginx, r
 
 
 def test_a_url_mount_serves_its_first_bytes_without_loading_numpy(nginx, corpus, rmount):
-    """numpy is most of what a mount would import (docs/benchmarks.md, "The copy limit"):
+    """numpy is most of what a mount would import (docs/copylimit.md):
     a safetensors URL's daemon serves files/ without it; it comes with the first .npy."""
     from tests.support.processes import daemon_pid
 
