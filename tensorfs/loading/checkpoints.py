@@ -133,6 +133,10 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     """The bytes of a non-contiguous tensor in row-major order: rows of its first dimension
     gathered from the span of its storage they reach (numpy's strided view of those bytes,
     made contiguous), a few MiB of storage at a time where the rows allow."""
+    # numpy with the mount of a checkpoint that has such a tensor (a mount of anything
+    # else does without it: docs/copylimit.md), not in the middle of a read
+    import numpy as np
+
     item = ITEMSIZE[t.dtype]
     shape, strides = t.shape, t.strides
     row_elements = 1
@@ -144,8 +148,6 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     key = object()                  # this tensor's entry in _GATHERED
 
     def rows(r0: int, r1: int) -> bytes:
-        import numpy as np  # at the first gathered read, not with the mount (first byte)
-
         out = []
         for b0 in range(r0, r1, per_batch):
             b1 = min(r1, b0 + per_batch)
