@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
+import numpy as np
+
+from tensorfs.convert import floats, ggml, longtail
 from tensorfs.dtypes import GGML_TYPES, SAFETENSORS_DTYPES
 from tensorfs.model import TensorInfo
-
-if TYPE_CHECKING:
-    import numpy as np
-
-# The kernels (and numpy with them) are imported when a type that needs one is first asked
-# for, not with this package: a mount imports it (plan_view) to learn that most tensors
-# need none, and numpy is most of a mount command's imports (docs/copylimit.md).
 
 __all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 
@@ -58,8 +54,6 @@ class Conversion:
 def _safetensors(dtype: str) -> Conversion | None:
     st = SAFETENSORS_DTYPES.get(dtype)
     kernel = st.kernel if st is not None else None
-    from tensorfs.convert import floats
-
     if kernel == "bf16":
         return Conversion(dtype, 1, 2, False, floats.bf16_converter("<"), ("safetensors", dtype))
     if kernel == "fp8":
@@ -68,6 +62,10 @@ def _safetensors(dtype: str) -> Conversion | None:
 
 
 # --- GGUF -----------------------------------------------------------------------------------
+
+_LE = np.dtype("<f2")
+_BE = np.dtype(">f2")
+
 
 def _gguf_available() -> bool:
     return importlib.util.find_spec("gguf") is not None
@@ -84,10 +82,6 @@ def _ggml(ggml_type: int, byte_order: str) -> tuple[Conversion | None, str | Non
     if byte_order == ">" and not gt.big_endian:
         return None, _be_reason(gt.name)
     spec = ("ggml", ggml_type, byte_order)
-    import numpy as np
-
-    from tensorfs.convert import floats, ggml, longtail
-
     if gt.kernel == "bf16":
         return Conversion("BF16", 1, 2, False, floats.bf16_converter(byte_order), spec), None
     if gt.kernel == "gguf-py":
@@ -97,7 +91,7 @@ def _ggml(ggml_type: int, byte_order: str) -> tuple[Conversion | None, str | Non
                           longtail.gguf_converter(gt.id, gt.type_size, gt.block_size), spec), None
     kernel = getattr(ggml, gt.name.lower())        # "ggml", "ggml-scaled": ours, by name
     if gt.kernel == "ggml-scaled":
-        kernel = kernel(np.dtype(">f2" if byte_order == ">" else "<f2"))
+        kernel = kernel(_BE if byte_order == ">" else _LE)
     return Conversion(gt.name, gt.block_size, gt.type_size, True,
                       ggml.blockwise(kernel, gt.type_size, gt.block_size), spec), None
 

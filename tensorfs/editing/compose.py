@@ -25,10 +25,9 @@ import json
 import struct
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:              # numpy is imported by an edit that needs it, not with a mount
-    import numpy as np
+import numpy as np
 
 from tensorfs.editing.store import EditState
 from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
@@ -340,8 +339,6 @@ def compose(model_file: ModelFile, header: bytes, source, state: EditState,
 def _bf16_bits(values) -> np.ndarray:
     """float32 -> bfloat16 bits, rounded to nearest even, NaN kept a quiet NaN (as torch
     and gguf-py round)."""
-    import numpy as np
-
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
@@ -352,8 +349,6 @@ def _bf16_bits(values) -> np.ndarray:
 def encode_array(tensor: TensorInfo, array) -> bytes:
     """``array`` stored as ``tensor`` is: same shape, the tensor's dtype and byte order
     (quantized where gguf-py quantizes the type).  ``EditError`` (one line) otherwise."""
-    import numpy as np
-
     from tensorfs.dtypes import native_numpy_dtype
 
     if tuple(array.shape) != tuple(tensor.shape):

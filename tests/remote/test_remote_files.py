@@ -142,20 +142,3 @@ def test_many_concurrent_readers_of_a_mount_get_the_files_bytes(blocks, nginx, r
     if blocks == "from_disk_cache":             # every block from the disk, none fetched
         assert [r for r in nginx.wait_quiet(mark) if r["method"] == "GET"] == []
 
-
-def test_a_url_mount_serves_its_first_bytes_without_loading_numpy(nginx, corpus, rmount):
-    """numpy is most of what a mount would import (docs/copylimit.md):
-    a safetensors URL's daemon serves files/ without it; it comes with the first .npy."""
-    from tests.support.processes import daemon_pid
-
-    model = corpus.models["big"]
-    rmnt = rmount(f"{nginx.url}/files/big/big.safetensors")
-    whole = rmnt / "files" / "big.safetensors"
-    with open(whole, "rb") as f:
-        assert f.read(4096) == model.local.read_bytes()[:4096]
-    maps = f"/proc/{daemon_pid(rmnt)}/maps"
-    with open(maps) as f:
-        assert "_multiarray_umath" not in f.read()
-    entry = doc_of(rmnt)["tensors"]["b.big"]
-    with safe_open(str(model.local), "np") as mine:       # the .npy views still serve
-        assert np.array_equal(np.load(rmnt / (entry["path"] + ".npy")), mine.get_tensor("b.big"))
