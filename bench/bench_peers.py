@@ -1,12 +1,13 @@
 """tensorfs beside rclone, the FUSE filesystem a user would pick instead to read a model over
-HTTP (issue 31), in one run on one loopback nginx started here (tests/servers.py), with
+HTTP (issue 31), in one run on one loopback nginx started here (tests/support/servers.py), with
 `curl` of the same ranges as the wire's reference.
 
     python bench/bench_peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]
 
-Systems, interleaved round by round, each row on a fresh mount: tensorfs (`files/NAME`, the
-remote file's bytes), `rclone mount :http:` with `--vfs-cache-mode off` and `full` (Debian's
-rclone; `make bench` installs it).  Rows (best of --repeat):
+Systems, interleaved round by round (each round starts with curl's, and the ratios to curl
+are taken within a round: the machine's load moves between rounds), each row on a fresh
+mount: tensorfs (`files/NAME`, the remote file's bytes), `rclone mount :http:` with
+`--vfs-cache-mode off` and `full` (Debian's rclone; `make bench` installs it).  Rows (best of --repeat):
 
   one reader      MB/s reading the whole file in 1 MiB reads
   four readers    aggregate MB/s, four threads each reading a quarter of the file at once
@@ -36,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from tests.servers import Nginx  # noqa: E402 - after the path is set
+from tests.support.servers import Nginx  # noqa: E402 - after the path is set
 
 MiB = 1 << 20
 NAME = "model.safetensors"
@@ -223,14 +224,20 @@ class Bench:
         if self.args.baseline:
             systems.insert(1, "tensorfs before")
         for _ in range(self.args.repeat):
+            self.keep("load", "load", os.getloadavg()[0])
             self.curl_round()
             for system in systems:
                 self.one_round(system)
+                for row in ("one", "four"):     # against curl of the same round: the load
+                    self.keep(system, f"{row}/curl",        # moves between rounds
+                              self.results[(system, row)][-1] / self.results[("curl", row)][-1])
         self.report(systems + ["curl"])
 
     def report(self, systems: list[str]) -> None:
         rows = [("one", f"one reader, MB/s ({self.args.size_mib} MiB file)", max, "{:,.0f}"),
+                ("one/curl", "one reader / curl's (same round)", max, "{:.2f}"),
                 ("four", "four readers, aggregate MB/s", max, "{:,.0f}"),
+                ("four/curl", "four readers / curl's (same round)", max, "{:.2f}"),
                 ("random", f"{self.args.random} random 1 MiB reads, total s", min, "{:.2f}"),
                 ("fetched", f"MiB fetched for those {self.args.random} MiB", min, "{:,.0f}"),
                 ("first", "mount command → first 4 KiB, s", min, "{:.3f}"),
@@ -243,12 +250,14 @@ class Bench:
                 values = self.results.get((system, key))
                 cells.append(fmt.format(best(values)) if values else "")
             print(f"| {label} | {' | '.join(cells)} |")
+        loads = self.results[("load", "load")]
         rclone = subprocess.run(["rclone", "version"], capture_output=True, text=True,
                                 check=False).stdout
         nginx = subprocess.run(["nginx", "-v"], capture_output=True, text=True, check=False).stderr
         print(f"\nBest of {self.args.repeat}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
               f"{rclone.splitlines()[0] if rclone else 'rclone ?'}, {nginx.strip()}, "
-              f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end.")
+              f"{os.cpu_count()} CPUs, load {min(loads):.1f}-{max(loads):.1f} at the rounds' "
+              f"starts, {os.getloadavg()[0]:.1f} at the end.")
 
 
 def main() -> None:

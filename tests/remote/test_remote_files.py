@@ -82,3 +82,63 @@ def test_a_block_is_fetched_once_for_the_tensor_and_the_whole_file(order, nginx,
     # before `mark` is served from memory and not fetched again either)
     assert fetched == _covered(ranges), ranges
     assert fetched <= local.stat().st_size, ranges
+
+
+@pytest.mark.parametrize("blocks", ["fetched", "from_disk_cache"])
+def test_many_concurrent_readers_of_a_mount_get_the_files_bytes(blocks, nginx, rmount, tmp_path,
+                                                               remote_env):
+    """Sixteen readers at once, of the whole file and of its tensors' files, through a cache
+    of four blocks fetched (or read from --disk-cache): blocks are shared by the readers,
+    pushed out and fetched again under them, and every read is the file's bytes."""
+    import random
+    import subprocess
+    import threading
+
+    from safetensors.numpy import save_file
+
+    from tests.support import TENSORFS
+
+    rng = np.random.default_rng(37)
+    local = tmp_path / "pool.safetensors"
+    save_file({f"t{i}": rng.integers(0, 255, (5 << 20) + 4099 * i, dtype=np.uint8)
+               for i in range(5)}, str(local))
+    data = local.read_bytes()
+    url = nginx.put(f"files/pool-{blocks}/pool.safetensors", local)
+    options = ["--cache-size", "16M"]
+    if blocks == "from_disk_cache":
+        options += ["--disk-cache", str(tmp_path / "cache")]
+        first = rmount(url, *options)
+        assert (first / "files" / "pool.safetensors").read_bytes() == data
+        subprocess.run([*TENSORFS, "unmount", str(first)], env=remote_env, check=True)
+    rmnt = rmount(url, *options)
+    files = [(rmnt / "files" / "pool.safetensors", 0, len(data))]
+    for entry in doc_of(rmnt)["tensors"].values():
+        files.append((rmnt / entry["path"], entry["offset"], entry["nbytes"]))
+    mark = nginx.log_mark()
+    wrong: list = []
+
+    def reader(i):
+        pick = random.Random(i)
+        path, base, size = files[i % len(files)]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for _ in range(12):
+                at = pick.randrange(0, size)
+                n = pick.randrange(1, min(3 << 20, size - at) + 1)
+                if os.pread(fd, n, at) != data[base + at:base + at + n]:
+                    wrong.append((path.name, at, n))
+        except OSError as error:
+            wrong.append(error)
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    assert (rmnt / "files" / "pool.safetensors").read_bytes() == data
+    if blocks == "from_disk_cache":             # every block from the disk, none fetched
+        assert [r for r in nginx.wait_quiet(mark) if r["method"] == "GET"] == []
+
