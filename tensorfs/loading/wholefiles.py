@@ -55,7 +55,7 @@ from tensorfs.loading.checkpoints import BytesSource, ComposedSource
 from tensorfs.sources.local import ModelSource
 from tensorfs.sources.location import DIRECTORY, LocalLocation, name_problem
 from tensorfs.sources.source import Source, SourceError
-from tensorfs.views.byteviews import View
+from tensorfs.views.base import View
 
 log = logging.getLogger("tensorfs")
 

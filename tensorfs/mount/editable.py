@@ -51,7 +51,8 @@ from tensorfs.mount.edithandles import (
 from tensorfs.mount.metadata_files import DIRECTORY, metadata_file_name, metadata_view
 from tensorfs.mount.metadata_json import metadata_json_pieces
 from tensorfs.mount.tree import TENSOR_VIEWS, TensorXattrs, describe
-from tensorfs.views.byteviews import ConvertedView, GeneratedView, NpyView, RawView, View
+from tensorfs.views.base import View
+from tensorfs.views.byteviews import ConvertedView, GeneratedView, NpyView, RawView
 from tensorfs.views.names import DirNode, FileNode, entry_name, tensor_paths
 
 log = logging.getLogger("tensorfs")

@@ -24,7 +24,7 @@ from typing import Protocol
 from tensorfs.editing.session import EditRefused
 from tensorfs.editing.store import PendingData
 from tensorfs.formats.metadata_text import TextError, parse_text
-from tensorfs.views.byteviews import View
+from tensorfs.views.base import View
 from tensorfs.views.names import FileNode
 
 # Files of metadata/ not yet keys (a tool's temporary, swap and backup files): at most this

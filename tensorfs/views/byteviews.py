@@ -1,4 +1,4 @@
-"""Views: everything a file in the mount can be.  Each is a ``View`` (declared below): a
+"""Views: everything a file in the mount can be.  Each is a ``View`` (``tensorfs.views.base``): a
 ``size`` and ``read(offset, size) -> bytes``; none knows about FUSE or about the tree it
 sits in.
 
@@ -27,7 +27,6 @@ import logging
 import os
 import threading
 import weakref
-from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Hashable
 
@@ -39,77 +38,9 @@ from tensorfs.cache import ByteLRU
 from tensorfs.convert.blocks import read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
 from tensorfs.sources.source import Source
+from tensorfs.views.base import View, _clip, _copy_into
 
 log = logging.getLogger("tensorfs")
-
-
-def _clip(offset: int, size: int, total: int) -> tuple[int, int]:
-    if offset >= total or size <= 0:
-        return total, 0
-    return offset, min(size, total - offset)
-
-
-def _copy_into(buf: memoryview, data) -> int:
-    n = min(len(buf), len(data))
-    buf[:n] = memoryview(data)[:n]
-    return n
-
-
-class View(ABC):
-    """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
-    default here, which a view overrides where it can do more."""
-
-    # Each of these is a class attribute, an attribute set by the view (declared at class
-    # level: ``size: int``) or a property: the type checker reads them as properties.
-    if TYPE_CHECKING:
-        @property
-        @abstractmethod
-        def size(self) -> int:
-            """How many bytes the file has."""
-
-        @property
-        def cheap_size(self) -> bool:
-            """``size`` costs next to nothing (a listing then gives it unasked); False
-            where it may have to generate content first."""
-
-        @property
-        def mtime_ns(self) -> int | None:
-            """The file's own mtime, or None for the mount's."""
-
-        @property
-        def owner(self) -> tuple[int, int, int] | None:
-            """The file's own (mode bits, uid, gid) -- a local file of files/ keeps its
-            source's -- or None for the mount's."""
-    else:
-        cheap_size = True
-        mtime_ns = None
-        owner = None
-
-    @abstractmethod
-    def read(self, offset: int, size: int) -> bytes:
-        """At most ``size`` bytes at ``offset`` (fewer past the end)."""
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        """The same bytes written into the writable buffer ``buf``; how many."""
-        return _copy_into(buf, self.read(offset, len(buf)))
-
-    def open(self) -> int | None:
-        """Called at each open: raise to refuse it (a file changed since the mount: EIO);
-        a descriptor holding all of the file's bytes at their own offsets, for the kernel
-        to read itself (FUSE passthrough), or None."""
-        return None
-
-    def read_fd(self, offset: int, size: int) -> tuple[int, int, int] | None:
-        """(descriptor, offset in it, count) of the bytes at ``offset``, checked as a read
-        would be, for a reply that names them rather than copying them (splice); None
-        where they are not in a local file."""
-        return None
-
-    def snapshot(self) -> View | None:
-        """What an open of this file reads for its whole life, where that is fixed at open
-        (a version of an edited model file: ``tensorfs.mount.editable.ComposedView``);
-        None: each read reads the file as it is then."""
-        return None
 
 
 class RawView(View):
