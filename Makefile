@@ -45,15 +45,15 @@ $(MOTO)/bin/moto_server:
 	$(PYTHON) -m venv $(MOTO)
 	$(MOTO)/bin/python -m pip install -q 'moto[server]==5.2.5'
 
-# A C compiler and libfuse3's headers: tests/test_struct_layout.py compiles the structs the
-# binding declares, and tests/test_libfuse_matrix.py builds upstream libfuse releases (with
+# A C compiler and libfuse3's headers: tests/fuse/test_struct_layout.py compiles the structs the
+# binding declares, and tests/fuse/test_libfuse_matrix.py builds upstream libfuse releases (with
 # meson and ninja from requirements-test.txt) to run the mount tests against each.
 test-system-deps:
 	@command -v cc >/dev/null && command -v pkg-config >/dev/null && pkg-config --exists fuse3 || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install gcc, pkg-config and libfuse3-dev (apt-get)" >&2; exit 1; fi; \
 	  echo "installing gcc, pkg-config and libfuse3-dev (for the binding's layout and libfuse tests) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev pkg-config libfuse3-dev; }
-	@# vim and perl: the edit tests rewrite metadata files with them (tests/test_edits_tools.py)
+	@# vim and perl: the edit tests rewrite metadata files with them (tests/editing/test_edits_tools.py)
 	@{ command -v vim >/dev/null || command -v vim.tiny >/dev/null; } && command -v perl >/dev/null || { \
 	  if [ "$$(id -u)" != 0 ]; then echo "need root to install vim-tiny and perl (apt-get)" >&2; exit 1; fi; \
 	  echo "installing vim-tiny and perl (for the edit tests) ..."; \
@@ -115,7 +115,7 @@ test: test-venv clients-venv llama-gguf-hash
 	$(BIN)/mypy
 	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
 
-# llama.cpp's llama-gguf-hash, the oracle of tests/test_facts_hash.py: built with cmake from
+# llama.cpp's llama-gguf-hash, the oracle of tests/facts/test_facts_hash.py: built with cmake from
 # the llama-cpp-python sdist (its vendored llama.cpp), that one target only (~2 min on 2
 # cores), statically linked and kept outside the clone (beside the clients' wheel, the same
 # llama-cpp-python release) so that a machine builds it once.

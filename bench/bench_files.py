@@ -7,7 +7,7 @@ all from the page cache, ratios in one run.
 W1: files/MODEL read sequentially (1 MiB reads) on a fresh mount, vs reading the file.
 W2: the same file read again on that mount (the kernel's page cache of the mount).
 W3: the tensor's raw file read on a fresh mount, vs ``pread`` of its range.
-Each ``--libfuse DIR`` (a directory holding a built libfuse3.so.*: tests/test_libfuse_matrix.py
+Each ``--libfuse DIR`` (a directory holding a built libfuse3.so.*: tests/fuse/test_libfuse_matrix.py
 builds them under build/libfuse/) is run besides the system libfuse: passthrough needs
 libfuse >= 3.17, the system's Debian 12 libfuse 3.14 splices.  Best of ``--repeat``.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 
-# folder -> the test files of that layer (tests/test_layers.py names the layers)
+# folder -> the test files of that layer (tests/project/test_layers.py names the layers)
 PLACES = {
     "project": ["test_layers", "test_docs", "test_support", "test_demo", "test_platforms",
                 "test_typecheck"],

@@ -3,7 +3,7 @@ model tensorfs opens.
 
 The line format, the order, the whole-model line, the UUIDv5 rule, the default algorithm
 and what ``--check`` accepts are those of llama.cpp's ``examples/gguf-hash/gguf-hash.cpp``
-(checked against the program itself in tests/test_facts_hash.py):
+(checked against the program itself in tests/facts/test_facts_hash.py):
 
 * one line per tensor and algorithm, ``printf("%-8s  %s  %s\\n", type, hex, MODEL:NAME)``,
   per tensor xxh64, then sha1, then sha256, tensors in stored order; then one line per

@@ -1,6 +1,6 @@
 """libfuse 3's ABI as ctypes declares it: the C structures the binding fills or reads, the
 capability and flag bits, and the order of ``struct fuse_lowlevel_ops``.  Linux x86_64 and
-aarch64; tests/test_struct_layout.py compares each size, offset and constant with what the C
+aarch64; tests/fuse/test_struct_layout.py compares each size, offset and constant with what the C
 compiler says for the installed headers (and for each libfuse under shared/libfuse/).
 """
 
@@ -20,7 +20,7 @@ FUSE_BUF_IS_FD = 1 << 1
 FUSE_BUF_FD_SEEK = 1 << 2
 # struct fuse_file_info's bit fields, in the one 32-bit word after ``flags`` (GCC allocates
 # bit fields from the least significant bit on little-endian machines;
-# tests/test_struct_layout.py checks it)
+# tests/fuse/test_struct_layout.py checks it)
 FI_KEEP_CACHE = 1 << 2
 FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
 # fuse_conn_info.max_backing_stack_depth: FUSE_BACKING_STACKED_OVER, so that a model on a
@@ -29,7 +29,7 @@ FI_NOFLUSH = 1 << 7                     # 3.12 on; padding (ignored) before
 BACKING_STACKED_OVER = 1
 
 
-# -- the C structures (Linux x86_64 and aarch64; tests/test_struct_layout.py compares each
+# -- the C structures (Linux x86_64 and aarch64; tests/fuse/test_struct_layout.py compares each
 # size and offset with what the C compiler says for the installed headers) -----------------
 
 class Timespec(ctypes.Structure):

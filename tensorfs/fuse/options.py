@@ -22,7 +22,7 @@ The options are parsed once, into one ``MountOptions``: the CLI makes it, the FU
 (``tensorfs.mount.adapter``) takes the timeouts and the thread count from it and the binding
 (``tensorfs.fuse.session``) the ``max_read`` it must repeat at INIT and the ``-o`` list libfuse
 gets (``libfuse_options``), which holds only what every supported libfuse (3.10 to 3.18)
-accepts: tests/test_libfuse_matrix.py mounts every allowed option on each.  ``rw`` coming
+accepts: tests/fuse/test_libfuse_matrix.py mounts every allowed option on each.  ``rw`` coming
 from mount(8) through the fstab convention is its default, not a request:
 ``parse(..., from_mount_helper=True)`` drops it, with the userspace-only options
 (``nofail``, ``_netdev``, ``x-*`` ...).

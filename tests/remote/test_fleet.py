@@ -409,7 +409,7 @@ def _readiness_probe() -> str:
 def test_a_node_served_through_a_descriptor_is_ready_by_the_pages_probe(versions, servers,
                                                                          node_env, tmp_path):
     """The DaemonSet's serving container: ``tensorfs mount URL --foreground /dev/fd/N`` on a
-    descriptor a mounter mounted (here the test, as tests/test_fd_mount.py does); the page's
+    descriptor a mounter mounted (here the test, as tests/fuse/test_fd_mount.py does); the page's
     readiness command says ready while it serves; the mounter's unmount ends it."""
     model = versions[0]
     _, tier = servers(model)

@@ -5,7 +5,7 @@ version never sees them, and the directory stays within its size.
 The disk cache touches nothing it did not write (issue 21; docs/reliability.md "The disk
 cache"): a user's files in DIR, a DIR that is another user's symlink, a block changed on
 disk, a relative DIR, a mirror of the same commit, two mounts sharing DIR, a killed writer's
-temporary file.  The unit-level twins: tests/test_diskcache.py."""
+temporary file.  The unit-level twins: tests/sources/test_diskcache.py."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from tensorfs.dtypes import GGML_TYPES_BY_NAME
 from tests.support import gguf_corpus, safetensors_corpus
 from tests.support.quant_blocks import oracle, random_blocks
 
-# gguf-py's writer writes these as raw blocks (tests/test_mount_converted.py's list)
+# gguf-py's writer writes these as raw blocks (tests/mount/test_mount_converted.py's list)
 WRITER_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                 "Q6_K", "Q8_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS",
                 "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0"]

@@ -1,5 +1,5 @@
-"""Where the libfuse release tarballs the suite builds from are (tests/test_libfuse_matrix.py
-builds them, tests/test_struct_layout.py reads their headers)."""
+"""Where the libfuse release tarballs the suite builds from are (tests/fuse/test_libfuse_matrix.py
+builds them, tests/fuse/test_struct_layout.py reads their headers)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and mtimes, in every form a mount takes; the reference readers (safe_open with its memory
 map, GGUFReader) read the mounted files as the local ones; a file changed under the mount is
 refused at open; the mechanism that serves local files is logged (passthrough with libfuse
-3.17 and later as root, splice before: tests/test_libfuse_matrix.py runs this file against
+3.17 and later as root, splice before: tests/fuse/test_libfuse_matrix.py runs this file against
 each libfuse)."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_a_file_changed_under_the_mount_is_refused_at_open(tmp_path, mount, chan
 @pytest.mark.parametrize("asked", [False, True])
 def test_the_mechanism_serving_local_files_is_logged(tmp_path, mount, asked):
     """Copies by default; passthrough only where asked for (TENSORFS_PASSTHROUGH=1), libfuse
-    >= 3.17 and root (this file runs against each libfuse in tests/test_libfuse_matrix.py);
+    >= 3.17 and root (this file runs against each libfuse in tests/fuse/test_libfuse_matrix.py);
     splice only when asked for (TENSORFS_FD_REPLIES=1)."""
     given = tmp_path / "big.safetensors"
     save_file({"w": np.arange(2 << 20, dtype=np.float32)}, str(given))        # 8 MiB

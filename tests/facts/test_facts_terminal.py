@@ -1,7 +1,7 @@
 """``stats`` and ``diff`` at a real terminal (a pseudo-terminal as stdin, stdout and stderr):
 the progress bar never shares a line with a row, every row appears whole on a line of its
-own, in aligned columns; on a pipe the rows stay tab-separated (tests/test_facts_stats.py,
-tests/test_facts_diff.py), and ``--tsv`` gives them at a terminal too."""
+own, in aligned columns; on a pipe the rows stay tab-separated (tests/facts/test_facts_stats.py,
+tests/facts/test_facts_diff.py), and ``--tsv`` gives them at a terminal too."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (tensorfs/fuse/operations.py), driven by hand: which asks a job answers, when a job no one
 waits for stops, what an ending mount answers.  Each work function blocks on an Event the
 test sets, so nothing here depends on timing; the mount-level cases are in
-tests/test_xattrs.py and tests/test_shutdown.py."""
+tests/mount/test_xattrs.py and tests/cli/test_shutdown.py."""
 
 from __future__ import annotations
 

@@ -35,11 +35,12 @@ CASES = [("3.10.5", "3.10.5", "3.10.5/libfuse3.so.3.10.5"),
 
 # The focused subset: every callback the binding has, every allowed -o option (an option
 # one libfuse refuses must not pass the allow-list: atime did, on 3.17), its ending.
-SUBSET = ["tests/test_fuse3.py", "tests/test_xattrs.py", "tests/test_mountoptions.py",
-          "tests/test_files.py", "tests/test_files_trust.py::test_an_open_file_changed_under_it_reads_eio",
-          "tests/test_mount_readiness.py::test_max_read_mounts_and_serves_the_oracles_bytes",
-          "tests/test_shutdown.py::test_signal_to_the_daemon_with_readers_active",
-          "tests/test_shutdown.py::test_unmount_waits_for_readers_to_be_answered"]
+SUBSET = ["tests/fuse/test_fuse3.py", "tests/mount/test_xattrs.py",
+          "tests/fuse/test_mountoptions.py", "tests/loading/test_files.py",
+          "tests/loading/test_files_trust.py::test_an_open_file_changed_under_it_reads_eio",
+          "tests/fuse/test_mount_readiness.py::test_max_read_mounts_and_serves_the_oracles_bytes",
+          "tests/cli/test_shutdown.py::test_signal_to_the_daemon_with_readers_active",
+          "tests/cli/test_shutdown.py::test_unmount_waits_for_readers_to_be_answered"]
 
 
 def _build(version: str) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from tensorfs.cli.parser import build_parser, parse_size
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] + \
     ([ROOT / "CHANGELOG.md"] if (ROOT / "CHANGELOG.md").exists() else [])
 
@@ -152,3 +152,22 @@ def test_every_mount_option_is_in_the_table_and_the_usage_lines():
 def test_mount_help_says_read_only_only_without_edits():
     description = _commands()["mount"].description
     assert "read-only" not in description or "--edits" in description
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=[str(d.relative_to(ROOT)) for d in PAGES])
+def test_every_test_file_a_page_names_exists(doc):
+    """A test a page cites as its evidence (``tests/x/test_y.py``) is there: a test moved or
+    renamed leaves no page pointing at nothing."""
+    named = set(re.findall(r"tests/[\w/]+\.py", doc.read_text()))
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert missing == [], f"{doc.relative_to(ROOT)} names tests that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=[str(d.relative_to(ROOT)) for d in PAGES])
+def test_every_page_is_one_a_person_reads(doc):
+    """No page of the docs over 400 lines: a longer topic gets a page of its own."""
+    lines = len(doc.read_text().splitlines())
+    assert lines <= 400, f"{doc.relative_to(ROOT)} is {lines} lines"

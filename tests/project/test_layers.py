@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "tensorfs"
+PACKAGE = Path(__file__).resolve().parents[2] / "tensorfs"
 
 # Lowest first: a layer may use every layer before it, never one after it.  Each folder of
 # tensorfs/ is one layer.
@@ -127,7 +127,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_module_has_a_declared_layer():
     unplaced = sorted(m for m in modules() if layer_of(m) is None)
-    assert not unplaced, f"place these in MODULE_LAYERS (tests/test_layers.py): {unplaced}"
+    assert not unplaced, f"place these in MODULE_LAYERS (tests/project/test_layers.py): {unplaced}"
     assert set(MODULE_LAYERS.values()) <= set(LAYERS)
 
 

@@ -21,7 +21,7 @@ from tests.support import TENSORFS, alive, run_tensorfs, wait_for
 from tests.support.models import write_safetensors
 from tests.support.users import needs_users
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 MS_NOSUID, MS_NODEV = 2, 4
 libc = ctypes.CDLL(None, use_errno=True)

@@ -24,7 +24,7 @@ from tests.support.users import needs_users
 ROOT = "tensorfs-blocks.v1"     # the cache's own directory in DIR (written out: the contract)
 BLOCK = 64 << 10
 KEY = DiskCache.object_key("http://127.0.0.1:1/m.safetensors", "etag-1", BLOCK)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _block(i: int, n: int = BLOCK) -> bytes:

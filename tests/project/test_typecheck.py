@@ -12,7 +12,7 @@ from pathlib import Path
 from tensorfs.fuse.operations import Operations
 from tensorfs.mount.adapter import TensorFS
 
-SESSION = Path(__file__).resolve().parents[1] / "tensorfs" / "fuse" / "session.py"
+SESSION = Path(__file__).resolve().parents[2] / "tensorfs" / "fuse" / "session.py"
 
 
 def _called_on_fs() -> set[str]:
