@@ -158,12 +158,14 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 @pytest.mark.parametrize("doc", PAGES, ids=[str(d.relative_to(ROOT)) for d in PAGES])
-def test_every_test_file_a_page_names_exists(doc):
-    """A test a page cites as its evidence (``tests/x/test_y.py``) is there: a test moved or
-    renamed leaves no page pointing at nothing."""
-    named = set(re.findall(r"tests/[\w/]+\.py", doc.read_text()))
+def test_every_source_file_a_page_names_exists(doc):
+    """A test a page cites as its evidence (``tests/x/test_y.py``), a module or a benchmark
+    it points to (``tensorfs/x/y.py``, ``bench/z.py``) is there: a file moved or renamed
+    leaves no page pointing at nothing."""
+    named = set(re.findall(r"(?<![\w/.-])(?:tests|tensorfs|bench|tools)/[\w/]+\.py",
+                           doc.read_text()))
     missing = sorted(n for n in named if not (ROOT / n).exists())
-    assert missing == [], f"{doc.relative_to(ROOT)} names tests that do not exist: {missing}"
+    assert missing == [], f"{doc.relative_to(ROOT)} names files that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("doc", PAGES, ids=[str(d.relative_to(ROOT)) for d in PAGES])
