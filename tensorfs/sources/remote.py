@@ -212,13 +212,6 @@ class RemoteSource(Source):
         self._head = bytearray()    # parsed: not kept per shard (reads go through the cache)
         self.blocks.set_extents(extents)
 
-    def read(self, offset: int, size: int) -> bytes:
-        if size <= 0:
-            return b""
-        buf = bytearray(size)
-        self.read_into(offset, buf)
-        return bytes(buf)
-
     def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
         """``span``: the extent the reader reads in, for read-ahead (BlockReader.read_into)."""
         size = len(buf)
