@@ -185,7 +185,7 @@ class Session:
         (-27 % daemon CPU per GiB read, docs/serving.md).  One extra Ensure, never released,
         on the first call from each libfuse thread keeps the state.  That is only sound while
         libfuse keeps its workers: ``_loop`` makes sure it never destroys an idle one."""
-        lib, pinned, errno_of = self.lib, self._pinned, self.errno_of
+        pinned, answer_error = self._pinned, self._answer_error
 
         def callback(req, *args):
             if not getattr(pinned, "yes", False):
@@ -196,11 +196,14 @@ class Session:
                     self._raise_read_ahead()    # thread's first: no check on the hot path
             try:
                 method(req, *args)
-            except FsError as exc:
-                lib.fuse_reply_err(req, exc.errno)
             except BaseException as exc:        # an unanswered request would hang its caller
-                lib.fuse_reply_err(req, errno_of(exc))
+                answer_error(req, exc)
         return callback
+
+    def _answer_error(self, req, exc: BaseException) -> None:
+        """Answer ``req`` with the errno of ``exc``: an ``FsError``'s own, else the one
+        ``errno_of`` maps it to (and maybe logs)."""
+        self.lib.fuse_reply_err(req, exc.errno if isinstance(exc, FsError) else self.errno_of(exc))
 
     def _init(self, userdata, conn):
         # Always READDIRPLUS, not only for a listing's first page: `find` reads a whole
@@ -449,10 +452,8 @@ class Session:
                     if not ok:
                         raise value
                     reply(value)
-                except FsError as exc:
-                    self.lib.fuse_reply_err(req, exc.errno)
                 except BaseException as exc:
-                    self.lib.fuse_reply_err(req, self.errno_of(exc))
+                    self._answer_error(req, exc)
 
         # Registered before any reply can free the request.  If it was interrupted already,
         # libfuse calls _interrupted from inside this call, holding no reference of its own:
