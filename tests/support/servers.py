@@ -183,7 +183,10 @@ def _same_fs(a: Path, b: Path) -> bool:
 
 # -- nginx -----------------------------------------------------------------------------------
 
-NGINX_CONF = r"""
+# What every nginx of the tests starts with: its process, its access log (one JSON line a
+# request, ending with one field of its own, LOG_FIELD) and its temporary files, all under
+# {prefix}.
+_NGINX_HEAD = r"""
 daemon off;
 master_process on;
 worker_processes {workers};
@@ -194,14 +197,16 @@ events {{ worker_connections 1024; }}
 http {{
     log_format tfs escape=json '{{"t":$msec,"method":"$request_method","uri":"$request_uri",'
                                '"range":"$http_range","status":$status,'
-                               '"bytes":$body_bytes_sent,"auth":"$auth_kind"}}';
+                               '"bytes":$body_bytes_sent,LOG_FIELD}}';
     access_log {prefix}/access.log tfs;
     client_body_temp_path {prefix}/tmp/body;
     proxy_temp_path {prefix}/tmp/proxy;
     fastcgi_temp_path {prefix}/tmp/fastcgi;
     uwsgi_temp_path {prefix}/tmp/uwsgi;
     scgi_temp_path {prefix}/tmp/scgi;
-    types {{ application/json json; text/plain txt md; }}
+"""
+
+NGINX_CONF = _NGINX_HEAD.replace("LOG_FIELD", '"auth":"$auth_kind"') + r"""    types {{ application/json json; text/plain txt md; }}
     default_type application/octet-stream;
     sendfile on;
     tcp_nopush on;
@@ -775,25 +780,7 @@ server {{
 CACHE_TIER_EXAMPLE = {"cache_dir": "/var/cache/nginx/tensorfs", "max_size": "500g",
                       "origin": "models.internal:80", "listen": "8080", "valid": "1m"}
 
-CACHE_TIER_CONF = r"""
-daemon off;
-master_process on;
-worker_processes {workers};
-pid {prefix}/nginx.pid;
-error_log {prefix}/error.log warn;
-{user}
-events {{ worker_connections 1024; }}
-http {{
-    log_format tfs escape=json '{{"t":$msec,"method":"$request_method","uri":"$request_uri",'
-                               '"range":"$http_range","status":$status,'
-                               '"bytes":$body_bytes_sent,"cache":"$upstream_cache_status"}}';
-    access_log {prefix}/access.log tfs;
-    client_body_temp_path {prefix}/tmp/body;
-    proxy_temp_path {prefix}/tmp/proxy;
-    fastcgi_temp_path {prefix}/tmp/fastcgi;
-    uwsgi_temp_path {prefix}/tmp/uwsgi;
-    scgi_temp_path {prefix}/tmp/scgi;
-    server_tokens off;
+CACHE_TIER_CONF = _NGINX_HEAD.replace("LOG_FIELD", '"cache":"$upstream_cache_status"') + r"""    server_tokens off;
 {site}
 }}
 """
