@@ -29,25 +29,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from bench_peers import make_model  # noqa: E402 (bench/ is the script's own directory)
+
 from tests.support.servers import CacheTier, Nginx  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
 NAME = "model.safetensors"
 PATH = f"files/fleet/{NAME}"
-
-
-def make_model(path: Path, size: int) -> None:
-    """One U8 tensor of ``size`` bytes of noise in a safetensors file."""
-    import json
-
-    header = json.dumps({"w": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
-    header += " " * (-len(header) % 8)
-    with open(path, "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header.encode())
-        chunk = os.urandom(16 * MiB)
-        for _ in range(size // len(chunk)):
-            f.write(chunk)
-        f.write(chunk[:size % len(chunk)])
 
 
 def read_all(path: Path) -> int:
