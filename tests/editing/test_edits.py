@@ -27,33 +27,13 @@ from safetensors.numpy import save_file
 from tensorfs.editing.store import TensorEdit
 from tests.support import mount_expecting_refusal
 from tests.support.commands import run_tensorfs
+from tests.support.edit_models import write_kv_gguf
 from tests.support.processes import daemon_pid, wait_for
 from tests.support.users import needs_users, planted_link
 
 GV = gguf.GGUFValueType
 TEMPLATE = "{% for m in messages %}\n{{ m.content }}\n{% endfor %}"
 NEW_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-
-
-def write_gguf(path, kvs, tensors, endian=gguf.GGUFEndian.LITTLE, alignment=None) -> Path:
-    """A GGUF of ``kvs`` [(key, value, type, sub_type)] and ``tensors`` {name: array or
-    (raw bytes array, shape, qtype)}, in order, as gguf-py writes it."""
-    writer = gguf.GGUFWriter(str(path), "llama", endianess=endian)
-    if alignment is not None:
-        writer.add_custom_alignment(alignment)
-    for key, value, vtype, sub in kvs:
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-    for name, array in tensors.items():
-        if isinstance(array, tuple):
-            data, _, qtype = array
-            writer.add_tensor(name, data, raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return Path(path)
 
 
 def base_kvs():
@@ -117,7 +97,7 @@ def test_composed_gguf_is_what_gguf_py_writes(tmp_path, endian):
     one removed, one renamed: the composed file is the one GGUFWriter writes."""
     from tensorfs.editing.store import EditState, EditStore, TensorEdit
 
-    model = write_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors(), endian)
+    model = write_kv_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors(), endian)
     store = EditStore(str(tmp_path / "edits"), [])
     new_norm = np.linspace(-1, 1, 8, dtype=np.float32)
     big = endian == gguf.GGUFEndian.BIG
@@ -144,7 +124,7 @@ def test_composed_gguf_is_what_gguf_py_writes(tmp_path, endian):
     del tensors["blk.0.attn_q.weight"]
     tensors["blk.0.ids_renamed"] = tensors.pop("blk.0.ids")
     order = ["token_embd.weight", "blk.0.ffn_up.weight", "output_norm.weight", "blk.0.ids_renamed"]
-    reference = write_gguf(tmp_path / "ref.gguf", kvs, {n: tensors[n] for n in order}, endian)
+    reference = write_kv_gguf(tmp_path / "ref.gguf", kvs, {n: tensors[n] for n in order}, endian)
     assert _compose(model, state, store) == reference.read_bytes()
     store.close()
 
@@ -161,7 +141,7 @@ def test_the_edit_session_edits_a_model_in_model_terms(tmp_path):
     from tensorfs.editing.store import EditStore
     from tensorfs.loading.loader import load_model
 
-    path = write_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors())
+    path = write_kv_gguf(tmp_path / "m.gguf", base_kvs(), base_tensors())
     model = load_model(str(path))
     store = EditStore(str(tmp_path / "edits"), [])
     session = EditSession(model, model.sources, store)
@@ -193,7 +173,7 @@ def test_the_edit_session_edits_a_model_in_model_terms(tmp_path):
     del tensors["blk.0.attn_q.weight"]
     tensors["blk.0.ids_renamed"] = tensors.pop("blk.0.ids")
     order = ["token_embd.weight", "blk.0.ffn_up.weight", "output_norm.weight", "blk.0.ids_renamed"]
-    reference = write_gguf(tmp_path / "ref.gguf", kvs, {n: tensors[n] for n in order})
+    reference = write_kv_gguf(tmp_path / "ref.gguf", kvs, {n: tensors[n] for n in order})
     assert composed == reference.read_bytes()
     again = EditSession(model, model.sources, EditStore(str(tmp_path / "edits"), []))
     assert again.composed().read(0, 1 << 30) == composed
@@ -276,7 +256,7 @@ def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits
     kvs = {"k.a": (1, GV.UINT32), "k.b": ("b", GV.STRING),
            "tokenizer.ggml.eos_token_id": (2, GV.UINT32), "general.name": ("n", GV.STRING)}
     arrays = {f"t{i}": np.full((i + 1, 3), i, dtype=np.float32) for i in range(3)}
-    model = write_gguf(work / "m.gguf", [(k, v, t, None) for k, (v, t) in kvs.items()], arrays)
+    model = write_kv_gguf(work / "m.gguf", [(k, v, t, None) for k, (v, t) in kvs.items()], arrays)
     store = EditStore(str(work / "edits"), [])
     state = EditState()
     expected_kvs = dict(kvs)
@@ -296,7 +276,7 @@ def test_random_edit_sequences_compose_as_gguf_py_writes(tmp_path_factory, edits
     # a key deleted then set again is a new key: appended after the model's own
     ordered = [k for k in kvs if k in expected_kvs and state.metadata.get(k, ...) is not None]
     ordered += [k for k in state.metadata if k not in kvs and k in expected_kvs]
-    reference = write_gguf(work / "ref.gguf",
+    reference = write_kv_gguf(work / "ref.gguf",
                            [(k, *expected_kvs[k], None) for k in ordered],
                            {names[n]: data[n] for n in arrays if names[n] is not None})
     assert _compose(model, state, store) == reference.read_bytes()
@@ -329,7 +309,7 @@ def test_edits_dir_checked_like_the_disk_cache(tmp_path):
 
 @pytest.fixture
 def llama_model(tmp_path):
-    return write_gguf(tmp_path / "model.gguf", base_kvs(), base_tensors())
+    return write_kv_gguf(tmp_path / "model.gguf", base_kvs(), base_tensors())
 
 
 def _sh(command: str, **kwargs) -> subprocess.CompletedProcess:
@@ -367,7 +347,7 @@ def test_the_issue_commands_edit_the_served_model(tmp_path, llama_model, mount):
     del kvs[3]
     tensors = base_tensors()
     tensors["output_norm.weight"] = norm * 1.5
-    reference = write_gguf(tmp_path / "reference.gguf", kvs, tensors)
+    reference = write_kv_gguf(tmp_path / "reference.gguf", kvs, tensors)
     served = mnt / "files" / "model.gguf"
     assert served.read_bytes() == reference.read_bytes()
     assert gguf_fields(served)["tokenizer.ggml.eos_token_id"][0] == 2
@@ -401,7 +381,7 @@ def test_edits_persist_and_bind_to_the_model(tmp_path, llama_model, mount):
     assert not (again / "blk" / "0" / "ids").exists()
     assert not (again / "blk" / "0" / "attn_q" / "weight").exists()
     assert run_tensorfs("unmount", again).returncode == 0
-    other = write_gguf(tmp_path / "other.gguf", base_kvs()[:2], base_tensors(seed=3))
+    other = write_kv_gguf(tmp_path / "other.gguf", base_kvs()[:2], base_tensors(seed=3))
 
 
     (tmp_path / "m-other").mkdir()
@@ -702,14 +682,14 @@ def test_general_alignment_edited_moves_the_data(tmp_path, mount):
     """general.alignment set to 64: every tensor's data moves to a multiple of it, as
     GGUFWriter writes a file of that alignment; a value that is not a power of two is
     refused and the old one stays."""
-    model = write_gguf(tmp_path / "model.gguf", base_kvs(), base_tensors(), alignment=32)
+    model = write_kv_gguf(tmp_path / "model.gguf", base_kvs(), base_tensors(), alignment=32)
     mnt = mount(model, "--edits", tmp_path / "fixes")
     alignment = mnt / "metadata" / "general.alignment"
     with pytest.raises(OSError) as caught, open(alignment, "w") as f:
         f.write("48\n")
     assert caught.value.errno == 22
     alignment.write_text("64\n")
-    reference = write_gguf(tmp_path / "reference.gguf", base_kvs(), base_tensors(), alignment=64)
+    reference = write_kv_gguf(tmp_path / "reference.gguf", base_kvs(), base_tensors(), alignment=64)
     assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
 
 
@@ -726,7 +706,7 @@ def test_a_remote_model_edited_its_bytes_through_the_block_cache(tmp_path, llama
         (mnt / "metadata" / "tokenizer.ggml.eos_token_id").write_text("2\n")
         kvs = base_kvs()
         kvs[1] = ("tokenizer.ggml.eos_token_id", 2, GV.UINT32, None)
-        reference = write_gguf(tmp_path / "reference.gguf", kvs, base_tensors())
+        reference = write_kv_gguf(tmp_path / "reference.gguf", kvs, base_tensors())
         assert (mnt / "files" / "model.gguf").read_bytes() == reference.read_bytes()
     finally:
         nginx.stop()

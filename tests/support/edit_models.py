@@ -11,16 +11,20 @@ import numpy as np
 GV = gguf.GGUFValueType
 
 
-def write_kv_gguf(path, kvs, tensors, alignment=None) -> Path:
-    """A GGUF of ``kvs`` [(key, value, type, sub_type)] and ``tensors`` {name: array}, in
-    order, as gguf-py writes it."""
-    writer = gguf.GGUFWriter(str(path), "llama")
+def write_kv_gguf(path, kvs, tensors, endian=gguf.GGUFEndian.LITTLE, alignment=None) -> Path:
+    """A GGUF of ``kvs`` [(key, value, type, sub_type)] and ``tensors`` {name: array or
+    (raw bytes array, shape, qtype)}, in order, as gguf-py writes it."""
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=endian)
     if alignment is not None:
         writer.add_custom_alignment(alignment)
     for key, value, vtype, sub in kvs:
         writer.add_key_value(key, value, vtype, sub_type=sub)
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        if isinstance(array, tuple):
+            data, _, qtype = array
+            writer.add_tensor(name, data, raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
