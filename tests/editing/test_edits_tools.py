@@ -103,23 +103,48 @@ def test_a_tool_rewriting_a_key_keeps_its_type(tmp_path, model, mount, tool):
     """The EOS id (a uint32) and the name (a string) rewritten by the tool: files/ is the
     file GGUFWriter writes with the new values, the id still a uint32 (llama.cpp refuses a
     string there), and nothing the tool made on the way is a key or left in metadata/."""
-    mnt = mount(model, "--edits", tmp_path / "fixes")
+    edits = tmp_path / "fixes"
+    mnt = mount(model, "--edits", edits)
     meta = mnt / "metadata"
     names = sorted(os.listdir(meta))
-    for key, old, new in (("tokenizer.ggml.eos_token_id", "1", "3"),
-                          ("general.name", "tiny", "small")):
-        result = _edit(tool, meta / key, old, new)
-        assert result is None or result.returncode == 0, (tool, result.stderr)
-    assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "3\n"
-    assert os.getxattr(meta / "tokenizer.ggml.eos_token_id", "user.tensorfs.type") == b"uint32"
+    before = (mnt / "files" / "model.gguf").read_bytes()
+    # two readers open across the edits: each keeps the version it opened
+    with open(mnt / "files" / "model.gguf", "rb") as old_file, \
+            open(mnt / "metadata.json", "rb") as old_json:
+        old_file.read(16)
+        old_json.read(16)
+        for key, old, new in (("tokenizer.ggml.eos_token_id", "1", "3"),
+                              ("general.name", "tiny", "small")):
+            result = _edit(tool, meta / key, old, new)
+            assert result is None or result.returncode == 0, (tool, result.stderr)
+        old_file.seek(0)
+        assert old_file.read() == before
+        old_json.seek(0)
+        assert json.loads(old_json.read())["metadata"]["tokenizer.ggml.eos_token_id"] == 1
+    reference = write_kv_gguf(tmp_path / "reference.gguf", tool_kvs(eos=3, name="small"),
+                              tool_tensors())
     # vim's 'backup' keeps KEY~ (a scratch file of the mount, never a key); nothing else stays
     assert sorted(n for n in os.listdir(meta) if not n.endswith("~")) == names
+    _check_tool_edit(mnt, reference)
+    result = run_tensorfs("unmount", mnt)
+    assert result.returncode == 0, result.stderr
+    _check_tool_edit(mount(model, "--edits", edits, name="again"), reference)
+
+
+def _check_tool_edit(mnt, reference) -> None:
+    """Every view of the two keys the tool test rewrote: the metadata files, their type
+    xattr, metadata.json, and files/ as GGUFWriter writes the same values."""
+    meta = mnt / "metadata"
+    assert (meta / "tokenizer.ggml.eos_token_id").read_text() == "3\n"
+    assert (meta / "general.name").read_text() == "small\n"
+    assert os.getxattr(meta / "tokenizer.ggml.eos_token_id", "user.tensorfs.type") == b"uint32"
+    assert os.getxattr(meta / "general.name", "user.tensorfs.type") == b"string"
+    shown = json.loads((mnt / "metadata.json").read_bytes())["metadata"]
+    assert (shown["tokenizer.ggml.eos_token_id"], shown["general.name"]) == (3, "small")
     served = mnt / "files" / "model.gguf"
     types = field_types(served)
     assert types["tokenizer.ggml.eos_token_id"] == (3, [GV.UINT32])
     assert types["general.name"] == ("small", [GV.STRING])
-    reference = write_kv_gguf(tmp_path / "reference.gguf", tool_kvs(eos=3, name="small"),
-                              tool_tensors())
     assert served.read_bytes() == reference.read_bytes()
 
 
