@@ -221,9 +221,10 @@ _NUMPY_CODES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7
 
 
 def _f32_json(x: float):
-    import numpy as np  # here, not at the top: a safetensors mount never needs numpy
-
     """A float32 as the shortest decimal that round-trips in float32; non-finite as text."""
+    # here, not at the top: a safetensors mount never needs numpy
+    from tensorfs.runtime.libraries import np
+
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     return float(str(np.float32(x)))
@@ -246,11 +247,11 @@ def _scalar_json(type_id: int, raw):
 
 
 def _f32_list(arr: np.ndarray) -> list:
-    import numpy as np  # (see _f32_json)
-
     """float32 elements as shortest round-trip decimals.  Integers below 2**24 are their
     own shortest form (float32 spacing there is at most 1), so only the rest pays for
     numpy's per-scalar shortest repr."""
+    from tensorfs.runtime.libraries import np  # (see _f32_json)
+
     if not bool(np.isfinite(arr).all()):
         return [_f32_json(x) for x in arr.tolist()]
     wide = arr.astype(np.float64)
@@ -264,7 +265,7 @@ def _f32_list(arr: np.ndarray) -> list:
 
 
 def _numeric_list(buf, type_id: int, order: str, n: int, offset: int) -> list:
-    import numpy as np  # (see _f32_json)
+    from tensorfs.runtime.libraries import np  # (see _f32_json)
 
     arr = np.frombuffer(buf, dtype=np.dtype(order + _NUMPY_CODES[type_id]), count=n, offset=offset)
     if type_id == _BOOL:
