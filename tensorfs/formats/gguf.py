@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 import struct
+from fractions import Fraction
 from itertools import repeat
 from typing import TYPE_CHECKING
 
@@ -221,13 +222,44 @@ _NUMPY_CODES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7
 
 
 def _f32_json(x: float):
-    """A float32 as the shortest decimal that round-trips in float32; non-finite as text."""
-    # here, not at the top: a safetensors mount never needs numpy
-    from tensorfs.runtime.libraries import np
-
+    """A float32 as the shortest decimal that round-trips in float32 (numpy's ``str`` of a
+    float32); non-finite as text.  Without numpy: a GGUF's scalars are decoded at parse,
+    and a mount does not import numpy (docs/copylimit.md)."""
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return float(str(np.float32(x)))
+    return _f32_shortest(x)
+
+
+def _f32_shortest(x: float) -> float:
+    """The decimal of fewest digits that reads back as the float32 ``x``, the nearer of two,
+    the even one of two as near; as numpy's Dragon4 chooses (tests/formats hold it to numpy)."""
+    if x == 0:
+        return x
+    bits = struct.unpack("<I", struct.pack("<f", abs(x)))[0]
+    value = Fraction(abs(x))
+    below = Fraction(struct.unpack("<f", struct.pack("<I", bits - 1))[0])
+    above = (value + (value - below) if bits + 1 == 0x7F800000     # the largest: gap as below
+             else Fraction(struct.unpack("<f", struct.pack("<I", bits + 1))[0]))
+    # what reads back as x: halfway to each neighbour, the halfway points too when x's last
+    # bit is even (a tie reads as the even one)
+    low, high, even = (below + value) / 2, (value + above) / 2, bits % 2 == 0
+    power = math.floor(math.log10(abs(x)))
+    if Fraction(10) ** power > value:
+        power -= 1
+    elif Fraction(10) ** (power + 1) <= value:
+        power += 1
+    for digits in range(1, 10):
+        unit = Fraction(10) ** (power - digits + 1)
+        down, up = math.floor(value / unit), math.ceil(value / unit)
+        fits = [n for n in dict.fromkeys((down, up))
+                if (low <= n * unit <= high if even else low < n * unit < high)]
+        if fits:
+            if len(fits) == 2:
+                nearer = (value - down * unit) - (up * unit - value)
+                fits = [down] if nearer < 0 else [up] if nearer > 0 else \
+                    [down if down % 2 == 0 else up]
+            return math.copysign(float(fits[0] * unit), x)
+    raise ValueError(f"no float32 decimal found for {x!r}")     # 9 digits always suffice
 
 
 def _f64_json(x: float):
@@ -253,7 +285,7 @@ def _f32_list(arr: np.ndarray) -> list:
     from tensorfs.runtime.libraries import np  # (see _f32_json)
 
     if not bool(np.isfinite(arr).all()):
-        return [_f32_json(x) for x in arr.tolist()]
+        return [float(str(x)) if np.isfinite(x) else _f32_json(float(x)) for x in arr]
     wide = arr.astype(np.float64)
     exact = (np.abs(wide) < 2**24) & (wide == np.round(wide))
     values = wide.tolist()

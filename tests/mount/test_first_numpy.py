@@ -89,26 +89,47 @@ def test_requests_that_first_need_numpy_all_at_once_get_their_bytes(tmp_path, mo
     assert run_tensorfs("list").returncode == 0
 
 
-def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount):
+def small_model(path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    """A F32 tensor "a.w" and a BF16 one "b.w" (1..8, exact in BF16), with scalar metadata
+    (a GGUF's float32 is decoded at parse): their values."""
+    f32 = np.arange(24, dtype="<f4").reshape(4, 6)
+    bf16 = (np.arange(1, 9, dtype="<f4").view("<u4") >> 16).astype("<u2")
+    if fmt == "safetensors":
+        path.write_bytes(safetensors_corpus.build(
+            [("a.w", safetensors_corpus.tensor("F32", f32.shape, 0, 96)),
+             ("b.w", safetensors_corpus.tensor("BF16", (8,), 96, 112))],
+            metadata={"note": "plain text"}, data=f32.tobytes() + bf16.tobytes()))
+    else:
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_float32("test.scale", 0.1)
+        writer.add_string("test.note", "plain text")
+        writer.add_tensor("a.w", f32)
+        writer.add_tensor("b.w", bf16.view(np.uint8).reshape(1, 16),
+                          raw_dtype=gguf.GGMLQuantizationType.BF16)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return f32, np.arange(1, 9, dtype="<f4")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount, fmt):
     """The mount command, its daemon, and what a reader of files/, metadata.json, the
     tree's listing (``ls -l``: every .npy's size) and a native .npy asks do without numpy;
     the first converted .npy read brings it."""
-    f32 = np.arange(24, dtype="<f4").reshape(4, 6)
-    bf16 = (np.arange(1, 9, dtype="<f4").view("<u4") >> 16).astype("<u2")   # exact in BF16
-    model = tmp_path / "model.safetensors"
-    model.write_bytes(safetensors_corpus.build(
-        [("a.w", safetensors_corpus.tensor("F32", f32.shape, 0, 96)),
-         ("b.w", safetensors_corpus.tensor("BF16", (8,), 96, 112))],
-        metadata={"note": "plain text"}, data=f32.tobytes() + bf16.tobytes()))
+    model = tmp_path / f"model.{fmt}"
+    f32, bf16 = small_model(model, fmt)
     mnt = mount(model)
     pid = daemon_pid(mnt)
-    assert (mnt / "files" / "model.safetensors").read_bytes() == model.read_bytes()
-    json.loads((mnt / "metadata.json").read_text())
+    assert (mnt / "files" / model.name).read_bytes() == model.read_bytes()
+    metadata = json.loads((mnt / "metadata.json").read_text())["metadata"]
+    assert metadata.get("test.scale", 0.1) == 0.1
     listing = subprocess.run(["ls", "-lR", mnt], capture_output=True, text=True, check=True)
     assert "w.npy" in listing.stdout
     assert np.array_equal(np.load(mnt / "a" / "w.npy"), f32)
     assert not numpy_in(pid)
-    assert np.array_equal(np.load(mnt / "b" / "w.npy"), np.arange(1, 9, dtype="<f4"))
+    assert np.array_equal(np.load(mnt / "b" / "w.npy").reshape(-1), bf16)
     assert numpy_in(pid)
 
 
