@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import struct
-from fractions import Fraction
 from itertools import repeat
 from typing import TYPE_CHECKING
 
@@ -233,6 +232,8 @@ def _f32_json(x: float):
 def _f32_shortest(x: float) -> float:
     """The decimal of fewest digits that reads back as the float32 ``x``, the nearer of two,
     the even one of two as near; as numpy's Dragon4 chooses (tests/formats hold it to numpy)."""
+    from fractions import Fraction  # here: fractions imports decimal, 3 ms of a mount's start
+
     if x == 0:
         return x
     bits = struct.unpack("<I", struct.pack("<f", abs(x)))[0]
