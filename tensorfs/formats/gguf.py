@@ -283,7 +283,7 @@ def _f32_list(arr: np.ndarray) -> list:
     """float32 elements as shortest round-trip decimals.  Integers below 2**24 are their
     own shortest form (float32 spacing there is at most 1), so only the rest pays for
     numpy's per-scalar shortest repr."""
-    from tensorfs.runtime.libraries import np  # (see _f32_json)
+    from tensorfs.runtime.libraries import np  # when an array is read, not at parse
 
     if not bool(np.isfinite(arr).all()):
         return [float(str(x)) if np.isfinite(x) else _f32_json(float(x)) for x in arr]
@@ -298,7 +298,7 @@ def _f32_list(arr: np.ndarray) -> list:
 
 
 def _numeric_list(buf, type_id: int, order: str, n: int, offset: int) -> list:
-    from tensorfs.runtime.libraries import np  # (see _f32_json)
+    from tensorfs.runtime.libraries import np  # when an array is read, not at parse
 
     arr = np.frombuffer(buf, dtype=np.dtype(order + _NUMPY_CODES[type_id]), count=n, offset=offset)
     if type_id == _BOOL:

@@ -447,7 +447,7 @@ class ConvertedView(View):
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
         length = n_blocks * self.conversion.block_bytes
-        from tensorfs.runtime.libraries import np  # (see npy_header)
+        from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
@@ -473,7 +473,7 @@ class ConvertedView(View):
                                       count * self.block_out, work=self.size)
             if chunk is not None:
                 return chunk
-        from tensorfs.runtime.libraries import np  # (see npy_header)
+        from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
@@ -498,7 +498,7 @@ class ConvertedView(View):
             return 0
         end = offset + size
         if not self.conversion.costly:
-            from tensorfs.runtime.libraries import np  # (see npy_header)
+            from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
             bo = self.block_out
             first = offset // bo
