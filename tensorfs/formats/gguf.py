@@ -47,8 +47,10 @@ Choices where llama.cpp and gguf-py disagree or are silent:
 
 from __future__ import annotations
 
+import array
 import math
 import struct
+import sys
 from itertools import repeat
 from typing import TYPE_CHECKING
 
@@ -216,8 +218,10 @@ def _str_or_none(name) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 _F32, _BOOL, _F64 = 6, 7, 12
-_NUMPY_CODES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "u1",
-                10: "u8", 11: "i8", 12: "f8"}
+# array-module codes of the numeric types but float32 (of the types' sizes on Linux's
+# x86-64 and arm64), and the byte order they are read in
+_ARRAY_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 7: "B", 10: "Q", 11: "q", 12: "d"}
+_NATIVE = "<" if sys.byteorder == "little" else ">"
 
 
 def _f32_json(x: float):
@@ -298,15 +302,19 @@ def _f32_list(arr: np.ndarray) -> list:
 
 
 def _numeric_list(buf, type_id: int, order: str, n: int, offset: int) -> list:
-    from tensorfs.runtime.libraries import np  # when an array is read, not at parse
-
-    arr = np.frombuffer(buf, dtype=np.dtype(order + _NUMPY_CODES[type_id]), count=n, offset=offset)
-    if type_id == _BOOL:
-        return (arr != 0).tolist()
     if type_id == _F32:
-        return _f32_list(arr)
+        from tensorfs.runtime.libraries import np  # when such an array is read, not at parse
+
+        return _f32_list(np.frombuffer(buf, dtype=np.dtype(order + "f4"), count=n, offset=offset))
+    # the other types through the array module: a tokenizer's integer arrays need no numpy
+    arr = array.array(_ARRAY_CODES[type_id])
+    arr.frombytes(memoryview(buf)[offset:offset + n * arr.itemsize])
+    if order != _NATIVE:
+        arr.byteswap()
     values = arr.tolist()
-    if type_id == _F64 and not bool(np.isfinite(arr).all()):
+    if type_id == _BOOL:
+        return [v != 0 for v in values]
+    if type_id == _F64 and not all(map(math.isfinite, values)):
         return [_f64_json(x) for x in values]
     return values
 

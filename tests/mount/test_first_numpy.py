@@ -90,8 +90,8 @@ def test_requests_that_first_need_numpy_all_at_once_get_their_bytes(tmp_path, mo
 
 
 def small_model(path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """A F32 tensor "a.w" and a BF16 one "b.w" (1..8, exact in BF16), with scalar metadata
-    (a GGUF's float32 is decoded at parse): their values."""
+    """A F32 tensor "a.w" and a BF16 one "b.w" (1..8, exact in BF16), with metadata (a
+    GGUF's: a float32, decoded at parse, and an integer array): their values."""
     f32 = np.arange(24, dtype="<f4").reshape(4, 6)
     bf16 = (np.arange(1, 9, dtype="<f4").view("<u4") >> 16).astype("<u2")
     if fmt == "safetensors":
@@ -103,6 +103,7 @@ def small_model(path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
         writer = gguf.GGUFWriter(str(path), "llama")
         writer.add_float32("test.scale", 0.1)
         writer.add_string("test.note", "plain text")
+        writer.add_array("test.types", [1, 1, 3])          # a tokenizer's token types
         writer.add_tensor("a.w", f32)
         writer.add_tensor("b.w", bf16.view(np.uint8).reshape(1, 16),
                           raw_dtype=gguf.GGMLQuantizationType.BF16)
@@ -125,6 +126,7 @@ def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount, fmt):
     assert (mnt / "files" / model.name).read_bytes() == model.read_bytes()
     metadata = json.loads((mnt / "metadata.json").read_text())["metadata"]
     assert metadata.get("test.scale", 0.1) == 0.1
+    assert metadata.get("test.types", [1, 1, 3]) == [1, 1, 3]
     listing = subprocess.run(["ls", "-lR", mnt], capture_output=True, text=True, check=True)
     assert "w.npy" in listing.stdout
     assert np.array_equal(np.load(mnt / "a" / "w.npy"), f32)
