@@ -138,6 +138,7 @@ def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount, fmt):
 FIRST_USES = """
 import sys, threading
 from tensorfs.convert import conversion_for
+from tensorfs.convert.blocks import converted_array
 from tensorfs.formats import gguf as gguf_format
 from tensorfs.formats.metadata_text import parse_text
 from tensorfs.model import TensorInfo
@@ -146,12 +147,17 @@ from tensorfs.views.byteviews import npy_header
 def tensor(dtype, ggml_type=None, shape=(32,)):
     return TensorInfo("t", dtype, shape, 0, 0, "model", ggml_type=ggml_type)
 
+class Zeros:
+    def read_into(self, offset, buf):
+        buf[:] = bytes(len(buf))
+        return len(buf)
+
 uses = {
     "npy_header": lambda: npy_header("<f4", (3, 4)),
     "bf16": lambda: conversion_for(tensor("BF16")).convert(bytearray(64)).tolist(),
     "q8_0": lambda: conversion_for(tensor("Q8_0", 8)).convert(bytearray(34)).tolist(),
     "iq4_nl": lambda: conversion_for(tensor("IQ4_NL", 20)).convert(bytearray(18)).tolist(),
-    "f32_json": lambda: gguf_format._f32_json(0.1),
+    "whole": lambda: converted_array(Zeros(), 0, conversion_for(tensor("BF16")), 32).tolist(),
     "text": lambda: parse_text("float32", b"0.1"),
     "f32_list": lambda: gguf_format._numeric_list(bytes(8), 6, "<", 2, 0),
 }
