@@ -33,6 +33,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from tensorfs.sources.transports import plainhttp
 from tensorfs.sources.transports.base import FetchError, exact, missing_extra, status_error
 
 
@@ -314,8 +315,27 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
     return _run(_listing, spec, prefix, where, timeout=timeout)
 
 
+def _plain(spec: tuple, path: str) -> float | None:
+    """The store's ``timeout`` in seconds where ``plainhttp`` may ask ``spec`` for ``path``
+    itself (a plain ``http://`` store, in the serving process), else None."""
+    if not _direct or spec[0] != "HTTPStore":
+        return None
+    options = json.loads(spec[2]).get("client_options") or {}
+    value = str(options.get("timeout", ""))
+    if not (value.endswith("ms") and value[:-2].isdigit()):
+        return None
+    return int(value[:-2]) / 1000 if plainhttp.usable(spec[1], options, path) else None
+
+
 def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401="", probe=False,
                where=""):
+    if end > start and not probe and not version:
+        timeout = _plain(spec, path)
+        if timeout is not None:     # a plain answer received into its block; else obstore's
+            answer = plainhttp.get_range(spec[1], path, start, end, timeout,
+                                         _timeout_text(spec), if_match)
+            if answer is not None:
+                return answer
     import obstore as obs  # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
