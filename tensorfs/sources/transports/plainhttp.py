@@ -125,6 +125,18 @@ def _bound(sock: socket.socket, deadline: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
+def _quick_ack(sock: socket.socket) -> None:
+    """ACK what arrives at once (Linux; it lasts until the stack's next choice, so it is set
+    before each receive).  A connection of request then answer is taken for an interactive
+    one, whose ACKs wait up to 40 ms for data to ride on: a server whose window is full then
+    waits for them (6 reads in 200 took 40-70 ms, 16 connections on loopback)."""
+    if _QUICKACK is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+
+
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)      # Linux only
+
+
 def _ask(sock: socket.socket, reused: bool, host: str, path: str, start: int, end: int,
          if_match: str | None, deadline: float):
     request = (f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nRange: bytes={start}-{end - 1}\r\n"
@@ -137,6 +149,7 @@ def _ask(sock: socket.socket, reused: bool, host: str, path: str, start: int, en
     try:
         sock.sendall((request + "\r\n").encode("latin-1"))
         while True:
+            _quick_ack(sock)
             n = sock.recv_into(step)
             if n == 0:
                 raise ConnectionResetError("closed before an answer")
@@ -177,6 +190,7 @@ def _ask(sock: socket.socket, reused: bool, host: str, path: str, start: int, en
     got = len(early)
     while got < want:
         _bound(sock, deadline)
+        _quick_ack(sock)
         n = sock.recv_into(view[got:], want - got, socket.MSG_WAITALL)
         if n == 0:
             raise ConnectionResetError("the connection broke during the answer")
