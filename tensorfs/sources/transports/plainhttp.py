@@ -22,6 +22,7 @@ It serves only what it can serve exactly as obstore would, and hands everything 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import socket
@@ -125,6 +126,18 @@ def _bound(sock: socket.socket, deadline: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
+def _unfilled(size: int) -> bytearray:
+    """A new ``bytearray`` of ``size`` bytes not zeroed first (CPython's
+    ``PyByteArray_FromStringAndSize(NULL, size)``): every byte is received into it before
+    anyone reads it, or it is dropped."""
+    return _new_bytearray(None, size)
+
+
+_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_new_bytearray.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
+_new_bytearray.restype = ctypes.py_object
+
+
 def _quick_ack(sock: socket.socket) -> None:
     """ACK what arrives at once (Linux; it lasts until the stack's next choice, so it is set
     before each receive).  A connection of request then answer is taken for an interactive
@@ -184,7 +197,7 @@ def _ask(sock: socket.socket, reused: bool, host: str, path: str, start: int, en
     early = memoryview(head)[stop + 4:]
     if len(early) > want:
         return None                     # more than it said it would send
-    body = bytearray(want)
+    body = _unfilled(want)
     view = memoryview(body)
     view[:len(early)] = early
     got = len(early)
