@@ -1,7 +1,9 @@
 """Ranged reads through obstore, shared by the HTTP(S), Hub and cloud transports.
 
-obstore (Rust ``object_store`` and reqwest) receives the body with the GIL released.  What
-this module adds to its ``get``:
+obstore (Rust ``object_store`` and reqwest) receives the body with the GIL released.  In the
+serving process a block read from a plain ``http://`` store is asked for by
+``tensorfs.sources.transports.plainhttp`` first, which takes only a plain ``206`` of the range
+and hands anything else back here.  What this module adds to obstore's ``get``:
 
 - **bounded answers**: ``get_exact`` asks for ``[start, end)`` and reads at most about twice
   that before it refuses the answer: ``obstore``'s own ``GetResult.bytes()`` would take a
