@@ -139,3 +139,25 @@ def test_only_plain_stores_are_asked_directly(url, options, path, usable, monkey
     assert plainhttp.usable(url, options, path) is usable
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:3128")     # reqwest would use it
     assert plainhttp.usable(url, options, path) is False
+
+
+def test_a_file_whose_answer_was_handed_back_is_read_by_obstore_from_then_on(tmp_path, hostile,
+                                                                             rmount):
+    """A URL that redirects: its first block read is handed back to obstore (which follows
+    the redirect), and its later ones go to obstore at once, not two requests each."""
+    data = _model(tmp_path)
+    honest = _ranged(data)
+
+    async def answer(method, path, headers):
+        if path == "/m.safetensors":
+            yield b"HTTP/1.1 302 Found\r\nLocation: /real/m.safetensors\r\nContent-Length: 0\r\n\r\n"
+            return
+        async for chunk in honest(method, path, headers):
+            yield chunk
+
+    server = hostile(answer)
+    mnt = rmount(f"{server.url}/m.safetensors")
+    assert (mnt / "files" / "m.safetensors").read_bytes() == data
+    ours = [path for path, agent in ((p, h.get("user-agent", "")) for _, p, h in server.requests)
+            if agent.startswith("tensorfs/")]
+    assert len(ours) == 1 and ours[0] == "/m.safetensors", ours

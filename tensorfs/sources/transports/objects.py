@@ -317,10 +317,15 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
     return _run(_listing, spec, prefix, where, timeout=timeout)
 
 
+_handed_back: set = set()          # (spec, path) whose answer plainhttp handed back once
+
+
 def _plain(spec: tuple, path: str) -> float | None:
     """The store's ``timeout`` in seconds where ``plainhttp`` may ask ``spec`` for ``path``
-    itself (a plain ``http://`` store, in the serving process), else None."""
-    if not _direct or spec[0] != "HTTPStore":
+    itself (a plain ``http://`` store, in the serving process, a file whose answer it has
+    not handed back before: a redirect would otherwise cost each read two requests), else
+    None."""
+    if not _direct or spec[0] != "HTTPStore" or (spec, path) in _handed_back:
         return None
     options = json.loads(spec[2]).get("client_options") or {}
     value = str(options.get("timeout", ""))
@@ -338,6 +343,7 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
                                          _timeout_text(spec), if_match)
             if answer is not None:
                 return answer
+            _handed_back.add((spec, path))
     import obstore as obs  # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
