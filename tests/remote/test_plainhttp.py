@@ -130,6 +130,8 @@ def test_an_answer_that_stalls_or_drips_past_the_timeout_is_a_timeout(how, hosti
     ("http://127.0.0.1:8/", {"timeout": "5000ms"}, "a b.safetensors", False),
     ("http://127.0.0.1:8/", {"timeout": "5000ms"}, "a%20b", False),
     ("http://127.0.0.1:8/x/", {"timeout": "5000ms"}, "m.safetensors", False),
+    ("http://127.0.0.1:8/", {"timeout": "5000ms"}, "/m.safetensors", False),
+    ("http://127.0.0.1:8/", {"timeout": "5000ms"}, "a//m.safetensors", False),
 ])
 def test_only_plain_stores_are_asked_directly(url, options, path, usable, monkeypatch):
     from tensorfs.sources.transports import plainhttp

@@ -55,7 +55,8 @@ def usable(url: str, options: dict, path: str) -> bool:
     parts = urlsplit(url)
     return (parts.scheme == "http" and "@" not in parts.netloc and parts.path in ("", "/")
             and not parts.query and not parts.fragment and parts.hostname is not None
-            and _PLAIN_PATH.fullmatch(path) is not None and "//" not in path)
+            and _PLAIN_PATH.fullmatch(path) is not None and "//" not in path
+            and not path.startswith("/"))
 
 
 def get_range(url: str, path: str, start: int, end: int, timeout: float,
