@@ -10,13 +10,12 @@ read it in 4 MiB ranges, each range once, as the mount's fetch threads do.  Ways
              a body longer than asked is refused without being taken whole); each block a
              new Python ``bytes``, zeroed and copied by pyo3
   get_range  obstore ``get_range``: its own ``Bytes`` (buffer protocol, no Python ``bytes``
-             made), but unbounded (it takes any body whole)
-  plainhttp  tensorfs's own request (tensorfs/sources/transports/plainhttp.py), what a mount
-             does over plain http://: a kept connection per thread, each body received by
-             one ``recv_into`` into a new ``bytearray`` (bounded by its Content-Length)
+             made), but unbounded (it takes any body whole): what obstore's zero-copy
+             buffer would save, were it offered bounded
 
 Rows: process CPU s (user + system), minor page faults and context switches (voluntary and
-not) per GiB received, best of ``--repeat``; the figures depend on the machine's load (printed with them).
+not) per GiB received, best of ``--repeat``; the figures depend on the machine's load
+(printed with them).
 """
 
 from __future__ import annotations
@@ -83,15 +82,6 @@ def way_get_range(store, name):
     return work
 
 
-def way_plainhttp(base: str, name: str):
-    from tensorfs.sources.transports import plainhttp
-
-    def work(state, start, end):
-        body, _ = plainhttp.get_range(base, name, start, end, 30, "no answer in time")
-        assert len(body) == end - start
-    return work
-
-
 def measure(work, size: int, threads: int) -> tuple[float, float, float]:
     before = resource.getrusage(resource.RUSAGE_SELF)
     run_threads(threads, work, ranges(size))
@@ -123,8 +113,7 @@ def main() -> None:
         size = os.path.getsize(path)
         store = HTTPStore.from_url(url.rsplit("/", 1)[0], client_options={"allow_http": True})
         obstore.head(store, "blob")
-        ways = {"stream": way_stream(store, "blob"), "get_range": way_get_range(store, "blob"),
-                "plainhttp": way_plainhttp(url.rsplit("/files/", 1)[0] + "/", "files/blob")}
+        ways = {"stream": way_stream(store, "blob"), "get_range": way_get_range(store, "blob")}
         results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
         loads = []
         for _ in range(args.repeat):

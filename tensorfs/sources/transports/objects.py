@@ -1,9 +1,7 @@
 """Ranged reads through obstore, shared by the HTTP(S), Hub and cloud transports.
 
-obstore (Rust ``object_store`` and reqwest) receives the body with the GIL released.  In the
-serving process a block read from a plain ``http://`` store is asked for by
-``tensorfs.sources.transports.plainhttp`` first, which takes only a plain ``206`` of the range
-and hands anything else back here.  What this module adds to obstore's ``get``:
+obstore (Rust ``object_store`` and reqwest) receives the body with the GIL released.  What
+this module adds to its ``get``:
 
 - **bounded answers**: ``get_exact`` asks for ``[start, end)`` and reads at most about twice
   that before it refuses the answer: ``obstore``'s own ``GetResult.bytes()`` would take a
@@ -35,7 +33,6 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tensorfs.sources.transports import plainhttp
 from tensorfs.sources.transports.base import FetchError, exact, missing_extra, status_error
 
 
@@ -317,33 +314,8 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
     return _run(_listing, spec, prefix, where, timeout=timeout)
 
 
-_handed_back: set = set()          # (spec, path) whose answer plainhttp handed back once
-
-
-def _plain(spec: tuple, path: str) -> float | None:
-    """The store's ``timeout`` in seconds where ``plainhttp`` may ask ``spec`` for ``path``
-    itself (a plain ``http://`` store, in the serving process, a file whose answer it has
-    not handed back before: a redirect would otherwise cost each read two requests), else
-    None."""
-    if not _direct or spec[0] != "HTTPStore" or (spec, path) in _handed_back:
-        return None
-    options = json.loads(spec[2]).get("client_options") or {}
-    value = str(options.get("timeout", ""))
-    if not (value.endswith("ms") and value[:-2].isdigit()):
-        return None
-    return int(value[:-2]) / 1000 if plainhttp.usable(spec[1], options, path) else None
-
-
 def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401="", probe=False,
                where=""):
-    if end > start and not probe and not version:
-        timeout = _plain(spec, path)
-        if timeout is not None:     # a plain answer received into its block; else obstore's
-            answer = plainhttp.get_range(spec[1], path, start, end, timeout,
-                                         _timeout_text(spec), if_match)
-            if answer is not None:
-                return answer
-            _handed_back.add((spec, path))
     import obstore as obs  # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
