@@ -57,6 +57,20 @@ class Hostile:
             writer.close()
 
     def stop(self):
+        """End every connection's coroutine, then the loop: one left pending would be
+        finalized later by the garbage collector, in whatever the process runs then (inside
+        a compile, CPython 3.11 fails with "AST constructor recursion depth mismatch")."""
+        async def end():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._loop.shutdown_asyncgens()
+
+        try:
+            asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=10)
+        except Exception:               # any: the loop is stopped below all the same
+            pass
         self._loop.call_soon_threadsafe(self._loop.stop)
 
 
