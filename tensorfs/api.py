@@ -25,14 +25,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Iterator, NamedTuple
 
-import numpy as np
-
 from tensorfs.convert.blocks import converted_array
 from tensorfs.convert.plan import plan_view
 from tensorfs.errors import ModelError
 from tensorfs.loading.loader import load_model
 from tensorfs.loading.wholefiles import whole_file_views
 from tensorfs.model import Model, TensorInfo
+from tensorfs.runtime.libraries import np
 from tensorfs.sources.local import ModelSource, Source
 from tensorfs.sources.urls import remote_settings
 

@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Callable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
-from tensorfs.convert import floats, ggml, longtail
 from tensorfs.dtypes import GGML_TYPES, SAFETENSORS_DTYPES
 from tensorfs.model import TensorInfo
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# The kernels (``floats``, ``ggml``, ``longtail``) and numpy with them are imported by the
+# first ``convert`` call, not with this package: a mount asks every tensor's plan (which
+# conversion, or none) without converting anything, and numpy is most of a mount's imports
+# (docs/copylimit.md).
 
 __all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 
@@ -42,10 +48,36 @@ class Conversion:
     block_elems: int     # elements per block
     block_bytes: int     # bytes per block
     costly: bool         # worth caching a converted chunk (block quants); False: recompute per read
-    convert: Callable[..., np.ndarray]   # (uint8 whole blocks, out=None) -> float32 '<f4' 1-D
-    # What names this conversion to another process (a conversion worker,
-    # tensorfs.convert.workers): plain values, since the kernels are closures and cannot be sent.
-    spec: tuple = ()
+    # What names this conversion, to its kernel and to another process (a conversion
+    # worker, tensorfs.convert.workers): plain values, since the kernels are closures.
+    spec: tuple
+
+    def convert(self, data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """uint8 whole blocks -> float32 '<f4' 1-D (into ``out`` when given)."""
+        return _kernel(self.spec)(data, out=out)
+
+
+@lru_cache(maxsize=None)
+def _kernel(spec: tuple) -> Callable[..., np.ndarray]:
+    """The kernel ``spec`` names, made at its first use (numpy comes with it)."""
+    from tensorfs.convert import floats, ggml, longtail
+    from tensorfs.runtime.libraries import np
+
+    if spec[0] == "safetensors":
+        dtype = spec[1]
+        if SAFETENSORS_DTYPES[dtype].kernel == "bf16":
+            return floats.bf16_converter("<")
+        return floats.fp8_converter(dtype)
+    _, ggml_type, byte_order = spec
+    gt = GGML_TYPES[ggml_type]
+    if gt.kernel == "bf16":
+        return floats.bf16_converter(byte_order)
+    if gt.kernel == "gguf-py":
+        return longtail.gguf_converter(gt.id, gt.type_size, gt.block_size)
+    kernel = getattr(ggml, gt.name.lower())        # "ggml", "ggml-scaled": ours, by name
+    if gt.kernel == "ggml-scaled":
+        kernel = kernel(np.dtype(">f2" if byte_order == ">" else "<f2"))
+    return ggml.blockwise(kernel, gt.type_size, gt.block_size)
 
 
 # --- safetensors ----------------------------------------------------------------------------
@@ -55,17 +87,13 @@ def _safetensors(dtype: str) -> Conversion | None:
     st = SAFETENSORS_DTYPES.get(dtype)
     kernel = st.kernel if st is not None else None
     if kernel == "bf16":
-        return Conversion(dtype, 1, 2, False, floats.bf16_converter("<"), ("safetensors", dtype))
+        return Conversion(dtype, 1, 2, False, ("safetensors", dtype))
     if kernel == "fp8":
-        return Conversion(dtype, 1, 1, False, floats.fp8_converter(dtype), ("safetensors", dtype))
+        return Conversion(dtype, 1, 1, False, ("safetensors", dtype))
     return None
 
 
 # --- GGUF -----------------------------------------------------------------------------------
-
-_LE = np.dtype("<f2")
-_BE = np.dtype(">f2")
-
 
 def _gguf_available() -> bool:
     return importlib.util.find_spec("gguf") is not None
@@ -83,17 +111,10 @@ def _ggml(ggml_type: int, byte_order: str) -> tuple[Conversion | None, str | Non
         return None, _be_reason(gt.name)
     spec = ("ggml", ggml_type, byte_order)
     if gt.kernel == "bf16":
-        return Conversion("BF16", 1, 2, False, floats.bf16_converter(byte_order), spec), None
-    if gt.kernel == "gguf-py":
-        if not _gguf_available():
-            return None, f"{gt.name} dequantization needs the gguf package (gguf-py), not installed"
-        return Conversion(gt.name, gt.block_size, gt.type_size, True,
-                          longtail.gguf_converter(gt.id, gt.type_size, gt.block_size), spec), None
-    kernel = getattr(ggml, gt.name.lower())        # "ggml", "ggml-scaled": ours, by name
-    if gt.kernel == "ggml-scaled":
-        kernel = kernel(_BE if byte_order == ">" else _LE)
-    return Conversion(gt.name, gt.block_size, gt.type_size, True,
-                      ggml.blockwise(kernel, gt.type_size, gt.block_size), spec), None
+        return Conversion("BF16", 1, 2, False, spec), None
+    if gt.kernel == "gguf-py" and not _gguf_available():
+        return None, f"{gt.name} dequantization needs the gguf package (gguf-py), not installed"
+    return Conversion(gt.name, gt.block_size, gt.type_size, True, spec), None
 
 
 def _be_reason(name: str) -> str:

@@ -11,11 +11,12 @@ with ``read_into``, as ``tensorfs.sources.source.Source``) into the caller's scr
 
 from __future__ import annotations
 
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from tensorfs.convert import Conversion
+
+if TYPE_CHECKING:               # numpy comes with the first conversion, not with a mount
+    import numpy as np
 
 # A whole tensor is converted this many stored bytes at a time (``converted_array``): the
 # scratch it is read into stays small whatever the tensor's size.
@@ -60,6 +61,8 @@ def converted_array(source: Readable, offset: int, conversion: Conversion,
                     n_elements: int) -> np.ndarray:
     """A whole tensor's float32 values (1-D, ``n_elements``), converted a slab of at most
     ``SLAB_BYTES`` stored bytes at a time."""
+    from tensorfs.runtime.libraries import np
+
     slab_bytes = SLAB_BYTES
     out = np.empty(n_elements, np.float32)
     n_blocks = n_elements // conversion.block_elems

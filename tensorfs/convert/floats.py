@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+from tensorfs.runtime.libraries import np
 
 _QNAN = 0x7FC00000
 _SIGN = 0x80000000

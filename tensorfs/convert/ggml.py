@@ -26,9 +26,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from tensorfs.convert.floats import as_bytes
+from tensorfs.runtime.libraries import np
 
 QK_K = 256
 CHUNK_ELEMS = 1 << 18     # elements converted per inner step (1 MiB of float32 output)

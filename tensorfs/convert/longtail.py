@@ -8,9 +8,8 @@ its temporaries (grids, sign tables: many times the input size) stay bounded.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tensorfs.convert.floats import as_bytes
+from tensorfs.runtime.libraries import np
 
 _ROW_ELEMS = 1 << 15      # elements per row handed to gguf-py
 
@@ -19,7 +18,7 @@ def gguf_converter(ggml_type: int, type_size: int, block_size: int):
     blocks_per_row = max(1, _ROW_ELEMS // block_size)
 
     def convert(data: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        import gguf.quants  # lazy: only when such a tensor is read
+        from tensorfs.runtime.libraries import gguf  # lazy: only when such a tensor is read
 
         qtype = gguf.GGMLQuantizationType(ggml_type)
         data = as_bytes(data)

@@ -620,10 +620,9 @@ def worker_main(argv: list[str]) -> int:
 
     # in the worker, after its sockets and arena are set: a failed start says so before
     # the imports' cost
-    import numpy as np
-
     from tensorfs.convert import conversion_from_spec
     from tensorfs.convert.blocks import convert_blocks
+    from tensorfs.runtime.libraries import np
 
     conversions: dict[bytes, Any] = {}      # tensorfs.convert.Conversion
     try:

@@ -25,14 +25,15 @@ import json
 import struct
 from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 from tensorfs.editing.store import EditState
 from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
 from tensorfs.formats.gguf_write import ValueWriter, check_alignment, check_tensor_name
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
+
+if TYPE_CHECKING:              # numpy is imported by an edit that needs it, not with a mount
+    import numpy as np
 
 
 class EditError(ValueError):
@@ -339,6 +340,8 @@ def compose(model_file: ModelFile, header: bytes, source, state: EditState,
 def _bf16_bits(values) -> np.ndarray:
     """float32 -> bfloat16 bits, rounded to nearest even, NaN kept a quiet NaN (as torch
     and gguf-py round)."""
+    from tensorfs.runtime.libraries import np
+
     bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
@@ -350,6 +353,7 @@ def encode_array(tensor: TensorInfo, array) -> bytes:
     """``array`` stored as ``tensor`` is: same shape, the tensor's dtype and byte order
     (quantized where gguf-py quantizes the type).  ``EditError`` (one line) otherwise."""
     from tensorfs.dtypes import native_numpy_dtype
+    from tensorfs.runtime.libraries import np
 
     if tuple(array.shape) != tuple(tensor.shape):
         raise EditError(f"the array's shape is {list(array.shape)}, the tensor's "
@@ -365,7 +369,7 @@ def encode_array(tensor: TensorInfo, array) -> bytes:
     elif tensor.dtype == "BF16" and tensor.byte_order == "<":
         data = _bf16_bits(array.astype(np.float32)).tobytes()
     elif tensor.ggml_type is not None and tensor.byte_order == "<":
-        import gguf
+        from tensorfs.runtime.libraries import gguf
 
         try:
             qtype = gguf.GGMLQuantizationType(tensor.ggml_type)

@@ -306,7 +306,7 @@ class EditSession:
     def replace_npy(self, original: str, npy: bytes) -> tuple[Committed, str]:
         """A tensor's bytes replaced by the array of a ``numpy.save`` file, stored in the
         tensor's type (of its shape); as ``replace_raw``."""
-        import numpy as np
+        from tensorfs.runtime.libraries import np
 
         t = self.by_name[original]
         try:

@@ -26,8 +26,6 @@ import math
 import sys
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from tensorfs.convert.workers import usable_cpus
 from tensorfs.errors import printable
 from tensorfs.facts.models import open_model, source_of, stored_order
@@ -36,6 +34,7 @@ from tensorfs.facts.pieces import PIECE_ELEMENTS, Piece, Scratch, lcm, run_order
 from tensorfs.facts.plot import plot_diff
 from tensorfs.facts.scaling import ZERO_SCALE, ldexp_or_inf, scale_down, scale_of
 from tensorfs.facts.values import values_of
+from tensorfs.runtime.libraries import np
 from tensorfs.sources.urls import shown_name
 
 STATUSES = ("identical", "values_equal", "values_differ", "bytes_differ", "type_differs",

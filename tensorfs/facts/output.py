@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 
-import numpy as np
+from tensorfs.runtime.libraries import np
 
 
 class Progress:

@@ -15,7 +15,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, NamedTuple
 
-import numpy as np
+from tensorfs.runtime.libraries import np
 
 # A piece of a tensor whose values are worked on at once: at most this many elements (its
 # float64 copy is 8 MiB), cut on block boundaries.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+from tensorfs.runtime.libraries import np
 
 
 def ldexp_or_inf(x: float, e: int) -> float:

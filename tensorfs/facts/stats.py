@@ -17,8 +17,6 @@ import math
 import sys
 from dataclasses import dataclass
 
-import numpy as np
-
 from tensorfs.convert.workers import usable_cpus
 from tensorfs.errors import printable
 from tensorfs.facts.models import no_tensor_named, open_model, source_of, stored_order
@@ -27,6 +25,7 @@ from tensorfs.facts.pieces import Scratch, cut, run_ordered, tasks_of
 from tensorfs.facts.plot import plot_stats
 from tensorfs.facts.scaling import ZERO_SCALE, ldexp_or_inf, scale_down, scale_of
 from tensorfs.facts.values import values_of
+from tensorfs.runtime.libraries import np
 from tensorfs.sources.urls import shown_name
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
-
 from tensorfs.convert.blocks import convert_blocks
 from tensorfs.convert.plan import ViewPlan, plan_view
 from tensorfs.model import TensorInfo
+from tensorfs.runtime.libraries import np
 
 
 class Values(NamedTuple):

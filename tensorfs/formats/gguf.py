@@ -47,8 +47,10 @@ Choices where llama.cpp and gguf-py disagree or are silent:
 
 from __future__ import annotations
 
+import array
 import math
 import struct
+import sys
 from itertools import repeat
 from typing import TYPE_CHECKING
 
@@ -216,17 +218,53 @@ def _str_or_none(name) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 _F32, _BOOL, _F64 = 6, 7, 12
-_NUMPY_CODES = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "u1",
-                10: "u8", 11: "i8", 12: "f8"}
+# array-module codes of the numeric types but float32 (of the types' sizes on Linux's
+# x86-64 and arm64), and the byte order they are read in
+_ARRAY_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 7: "B", 10: "Q", 11: "q", 12: "d"}
+_NATIVE = "<" if sys.byteorder == "little" else ">"
 
 
 def _f32_json(x: float):
-    import numpy as np  # here, not at the top: a safetensors mount never needs numpy
-
-    """A float32 as the shortest decimal that round-trips in float32; non-finite as text."""
+    """A float32 as the shortest decimal that round-trips in float32 (numpy's ``str`` of a
+    float32); non-finite as text.  Without numpy: a GGUF's scalars are decoded at parse,
+    and a mount does not import numpy (docs/copylimit.md)."""
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return float(str(np.float32(x)))
+    return _f32_shortest(x)
+
+
+def _f32_shortest(x: float) -> float:
+    """The decimal of fewest digits that reads back as the float32 ``x``, the nearer of two,
+    the even one of two as near; as numpy's Dragon4 chooses (tests/formats hold it to numpy)."""
+    from fractions import Fraction  # here: fractions imports decimal, 3 ms of a mount's start
+
+    if x == 0:
+        return x
+    bits = struct.unpack("<I", struct.pack("<f", abs(x)))[0]
+    value = Fraction(abs(x))
+    below = Fraction(struct.unpack("<f", struct.pack("<I", bits - 1))[0])
+    above = (value + (value - below) if bits + 1 == 0x7F800000     # the largest: gap as below
+             else Fraction(struct.unpack("<f", struct.pack("<I", bits + 1))[0]))
+    # what reads back as x: halfway to each neighbour, the halfway points too when x's last
+    # bit is even (a tie reads as the even one)
+    low, high, even = (below + value) / 2, (value + above) / 2, bits % 2 == 0
+    power = math.floor(math.log10(abs(x)))
+    if Fraction(10) ** power > value:
+        power -= 1
+    elif Fraction(10) ** (power + 1) <= value:
+        power += 1
+    for digits in range(1, 10):
+        unit = Fraction(10) ** (power - digits + 1)
+        down, up = math.floor(value / unit), math.ceil(value / unit)
+        fits = [n for n in dict.fromkeys((down, up))
+                if (low <= n * unit <= high if even else low < n * unit < high)]
+        if fits:
+            if len(fits) == 2:
+                nearer = (value - down * unit) - (up * unit - value)
+                fits = [down] if nearer < 0 else [up] if nearer > 0 else \
+                    [down if down % 2 == 0 else up]
+            return math.copysign(float(fits[0] * unit), x)
+    raise ValueError(f"no float32 decimal found for {x!r}")     # 9 digits always suffice
 
 
 def _f64_json(x: float):
@@ -246,13 +284,13 @@ def _scalar_json(type_id: int, raw):
 
 
 def _f32_list(arr: np.ndarray) -> list:
-    import numpy as np  # (see _f32_json)
-
     """float32 elements as shortest round-trip decimals.  Integers below 2**24 are their
     own shortest form (float32 spacing there is at most 1), so only the rest pays for
     numpy's per-scalar shortest repr."""
+    from tensorfs.runtime.libraries import np  # when an array is read, not at parse
+
     if not bool(np.isfinite(arr).all()):
-        return [_f32_json(x) for x in arr.tolist()]
+        return [float(str(x)) if np.isfinite(x) else _f32_json(float(x)) for x in arr]
     wide = arr.astype(np.float64)
     exact = (np.abs(wide) < 2**24) & (wide == np.round(wide))
     values = wide.tolist()
@@ -264,15 +302,19 @@ def _f32_list(arr: np.ndarray) -> list:
 
 
 def _numeric_list(buf, type_id: int, order: str, n: int, offset: int) -> list:
-    import numpy as np  # (see _f32_json)
-
-    arr = np.frombuffer(buf, dtype=np.dtype(order + _NUMPY_CODES[type_id]), count=n, offset=offset)
-    if type_id == _BOOL:
-        return (arr != 0).tolist()
     if type_id == _F32:
-        return _f32_list(arr)
+        from tensorfs.runtime.libraries import np  # when such an array is read, not at parse
+
+        return _f32_list(np.frombuffer(buf, dtype=np.dtype(order + "f4"), count=n, offset=offset))
+    # the other types through the array module: a tokenizer's integer arrays need no numpy
+    arr = array.array(_ARRAY_CODES[type_id])
+    arr.frombytes(memoryview(buf)[offset:offset + n * arr.itemsize])
+    if order != _NATIVE:
+        arr.byteswap()
     values = arr.tolist()
-    if type_id == _F64 and not bool(np.isfinite(arr).all()):
+    if type_id == _BOOL:
+        return [v != 0 for v in values]
+    if type_id == _F64 and not all(map(math.isfinite, values)):
         return [_f64_json(x) for x in values]
     return values
 

@@ -158,7 +158,8 @@ def _element(text: str, type_name: str):
         if math.isnan(value):
             return "nan"
         if type_name == "float32":
-            import numpy as np
+            from tensorfs.runtime.libraries import np
+
             with np.errstate(over="ignore"):
                 narrow = np.float32(value)
             if abs(value) != float("inf") and not np.isfinite(narrow):

@@ -29,8 +29,6 @@ import os
 import re
 import struct
 
-import numpy as np
-
 from tensorfs.cache import ByteLRU
 from tensorfs.editing.compose import ComposedFile, Layout, Piece
 from tensorfs.formats import safetensors
@@ -135,6 +133,10 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     """The bytes of a non-contiguous tensor in row-major order: rows of its first dimension
     gathered from the span of its storage they reach (numpy's strided view of those bytes,
     made contiguous), a few MiB of storage at a time where the rows allow."""
+    # numpy with the mount of a checkpoint that has such a tensor (a mount of anything
+    # else does without it: docs/copylimit.md), not in the middle of a read
+    from tensorfs.runtime.libraries import np
+
     item = ITEMSIZE[t.dtype]
     shape, strides = t.shape, t.strides
     row_elements = 1

@@ -7,7 +7,9 @@ nothing else of tensorfs):
 - ``mounts``: the mount table, and the names a mount is known by;
 - ``claims``: one owner of a directory (``--edits DIR``), held for a daemon's life;
 - ``userlog``: ``--log FILE``, opened without letting another user redirect it;
-- ``cmdline``: secrets overwritten in what ``ps`` shows.
+- ``cmdline``: secrets overwritten in what ``ps`` shows;
+- ``libraries``: numpy and gguf, imported whole under one lock (the only way tensorfs
+  imports them: the first request that needs numpy may come on several threads at once).
 
 The names below are the modules' own, kept here for callers that import them from
 ``tensorfs.runtime``.

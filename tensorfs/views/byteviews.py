@@ -22,9 +22,9 @@ faster way.
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import os
+import struct
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -254,21 +254,32 @@ class GeneratedView(View):
         return pos
 
 
+# The .npy format's constants (numpy.lib.format): the magic, the data's alignment, and the
+# spare room numpy leaves after the shape so that a file can grow along its first axis.
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_ALIGN = 64
+_NPY_GROWTH_DIGITS = 21
+
+
 def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
     """The .npy header numpy.save would write for a C-order array of this dtype and shape:
-    format 1.0 unless the header needs 2.0, padded so the data starts on a 64-byte boundary."""
-    # numpy is imported at the first .npy looked at, not with this module: the mount command
-    # imports this module and returns before anyone reads, and numpy is 2/3 of its imports
-    from numpy.lib import format as npy_format
-
-    header = {"descr": descr, "fortran_order": False, "shape": tuple(shape)}
-    buf = io.BytesIO()
-    try:
-        npy_format.write_array_header_1_0(buf, header)
-    except ValueError:
-        buf = io.BytesIO()
-        npy_format.write_array_header_2_0(buf, header)
-    return buf.getvalue()
+    format 1.0 unless the header needs 2.0, padded so the data starts on a 64-byte boundary.
+    Written here as numpy.lib.format writes it (the views' tests hold it to numpy's bytes):
+    a listing's sizes (``ls -l``) then need no numpy, which is most of a mount's imports."""
+    shape = tuple(int(n) for n in shape)
+    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+    if shape:
+        text += " " * (_NPY_GROWTH_DIGITS - len(repr(shape[0])))
+    header = text.encode("latin1")
+    for major, length in ((1, "<H"), (2, "<I")):
+        size = len(header) + 1                      # the final newline
+        size += _NPY_ALIGN - (len(_NPY_MAGIC) + 2 + struct.calcsize(length) + size) % _NPY_ALIGN
+        try:
+            prefix = _NPY_MAGIC + bytes((major, 0)) + struct.pack(length, size)
+        except struct.error:                        # too long for 1.0's 16-bit length
+            continue
+        return prefix + header + b" " * (size - len(header) - 1) + b"\n"
+    raise ValueError(f"a .npy header of {len(header)} bytes is too long")
 
 
 class NpyView(View):
@@ -436,7 +447,7 @@ class ConvertedView(View):
     # -- conversion of whole blocks -------------------------------------------------------
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
         length = n_blocks * self.conversion.block_bytes
-        import numpy as np  # (see npy_header)
+        from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
@@ -462,7 +473,7 @@ class ConvertedView(View):
                                       count * self.block_out, work=self.size)
             if chunk is not None:
                 return chunk
-        import numpy as np  # (see npy_header)
+        from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
@@ -487,7 +498,7 @@ class ConvertedView(View):
             return 0
         end = offset + size
         if not self.conversion.costly:
-            import numpy as np  # (see npy_header)
+            from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
             bo = self.block_out
             first = offset // bo
