@@ -10,7 +10,10 @@ no one reads the answer.
 
 A thread id is watched with ``PIDFD_THREAD`` (Linux >= 6.9); before, only a process's main
 thread can be watched (most readers: ``cat``, ``dd``, ``cp``); where neither works the
-request waits as before, up to its own bound.
+request waits as before, up to its own bound.  A killed ``O_DIRECT`` reader does not exit
+while its read waits (the kernel waits for the answer uninterruptibly): a caller with a
+SIGKILL pending (``/proc/TID/status``, looked at every ``KILLED_POLL_S`` while requests
+wait) is gone too.
 """
 
 from __future__ import annotations
@@ -20,11 +23,28 @@ import logging
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("tensorfs")
 
 PIDFD_THREAD = os.O_EXCL        # linux/pidfd.h: a pidfd for one thread, not its process
+KILLED_POLL_S = 0.5
+SIGKILL_BIT = 1 << (9 - 1)      # SIGKILL in /proc's signal masks
+
+
+def killed(pid: int) -> bool:
+    """Whether thread ``pid`` has a SIGKILL pending: it is dying, and waits only for the
+    answer (an ``O_DIRECT`` read) before it exits."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith((b"SigPnd:", b"ShdPnd:")) \
+                        and int(line.split()[1], 16) & SIGKILL_BIT:
+                    return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
 
 
 def pidfd(pid: int) -> int | None:
@@ -52,7 +72,7 @@ class Requesters:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._watched: dict[int, tuple[int, Callable[[], None]]] = {}
+        self._watched: dict[int, tuple[int, Callable[[], None], int]] = {}
         self._closing: list[int] = []
         self._wake: int | None = None
         self._pid = 0
@@ -70,7 +90,7 @@ class Requesters:
                 self._pid, self._wake, self._watched = os.getpid(), os.eventfd(0), {}
                 threading.Thread(target=self._run, args=(self._wake,),
                                  name="tensorfs-requesters", daemon=True).start()
-            self._watched[key] = (fd, gone)
+            self._watched[key] = (fd, gone, pid)
             wake = self._wake
         os.eventfd_write(wake, 1)
 
@@ -91,17 +111,28 @@ class Requesters:
             self.forget(key)
 
     def _run(self, wake: int) -> None:
+        check = time.monotonic() + KILLED_POLL_S
         while True:
             with self._lock:
                 closing, self._closing = self._closing, []
-                polled = {fd: key for key, (fd, _) in self._watched.items()}
+                polled = {entry[0]: key for key, entry in self._watched.items()}
             for fd in closing:
                 os.close(fd)
             poller = select.poll()
             poller.register(wake, select.POLLIN)
             for fd in polled:
                 poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll():
+            now = time.monotonic()
+            ready = poller.poll(max(0.0, check - now) * 1000 if polled else None)
+            if polled and time.monotonic() >= check:    # requests wait: any caller dying?
+                check = time.monotonic() + KILLED_POLL_S
+                with self._lock:
+                    pids = {key: entry[2] for key, entry in self._watched.items()}
+                ready += [(fd, 0) for fd, key in polled.items()
+                          if key in pids and killed(pids[key])]
+            elif not polled:
+                check = time.monotonic() + KILLED_POLL_S
+            for fd, _ in ready:
                 if fd == wake:
                     os.eventfd_read(wake)
                     continue

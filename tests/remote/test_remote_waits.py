@@ -69,20 +69,21 @@ def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, w
 
 
 def test_a_killed_dd_of_a_tensor_ends_its_fetch(nginx, proxy, wide, rmount):
-    """The same through a tensor's raw file and its .npy (a plain view of its bytes)."""
+    """The same through a tensor's raw file, its .npy (a plain view of its bytes) and an
+    O_DIRECT read (which the kernel does not interrupt either)."""
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
-    for name in ("w", "w.npy"):
+    for name, skip, flags in (("w", 8, []), ("w.npy", 16, []), ("w", 24, ["iflag=direct"])):
         path = next(q for q in mnt.rglob(name) if q.is_file())
         p.left.clear()
         p.push("stall")
-        reader = subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=1M", "skip=8"],
-                                  stderr=subprocess.DEVNULL)
+        reader = subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=1M", f"skip={skip}",
+                                   *flags], stderr=subprocess.DEVNULL)
         try:
             assert _until(lambda: _stalled(p)), p.log
             reader.kill()
             reader.wait(BOUND_S)
-            assert _until(lambda: p.left), (name, p.log, p.left)
+            assert _until(lambda: p.left), (name, flags, p.log, p.left)
         finally:
             reader.kill()
             reader.wait()
