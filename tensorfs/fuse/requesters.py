@@ -64,17 +64,27 @@ def pidfd(pid: int) -> int | None:
     return None
 
 
+def _ready(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class Requesters:
-    """One thread that polls the pidfds of the callers that wait, plus a wake descriptor;
-    ``watch(key, pid, gone)`` calls ``gone()`` once thread ``pid`` has exited, unless
-    ``forget(key)`` came first.  Descriptors are closed by the watching thread only, between
-    two polls, so none it polls is ever another file."""
+    """One thread that waits on an epoll set of the pidfds of the callers that wait;
+    ``watch(key, pid, gone)`` calls ``gone()`` once thread ``pid`` has exited (or has a
+    SIGKILL pending), unless ``forget(key)`` came first.  Watching and forgetting touch the
+    epoll set from the caller's thread, under one lock: the watching thread is not woken
+    for either (a read that waits costs four system calls, no thread switch), except to
+    start looking at pending SIGKILLs once it sleeps with nothing to watch."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._watched: dict[int, tuple[int, Callable[[], None], int]] = {}
-        self._closing: list[int] = []
-        self._wake: int | None = None
+        self._watched: dict[int, tuple[int, Callable[[], None], int]] = {}  # key: fd, gone, pid
+        self._keys: dict[int, int] = {}         # fd -> key
+        self._epoll: select.epoll | None = None
+        self._wake = -1
+        self._sleeping = False
         self._pid = 0
 
     def watch(self, key: int, pid: int, gone: Callable[[], None]) -> None:
@@ -87,62 +97,63 @@ class Requesters:
             return
         with self._lock:
             if self._pid != os.getpid():    # made in the process that serves
-                self._pid, self._wake, self._watched = os.getpid(), os.eventfd(0), {}
-                threading.Thread(target=self._run, args=(self._wake,),
+                self._pid, self._watched, self._keys = os.getpid(), {}, {}
+                self._epoll, self._wake = select.epoll(), os.eventfd(0)
+                self._epoll.register(self._wake, select.EPOLLIN)
+                threading.Thread(target=self._run, args=(self._epoll, self._wake),
                                  name="tensorfs-requesters", daemon=True).start()
             self._watched[key] = (fd, gone, pid)
-            wake = self._wake
-        os.eventfd_write(wake, 1)
+            self._keys[fd] = key
+            self._epoll.register(fd, select.EPOLLIN)
+            if self._sleeping:
+                self._sleeping = False
+                os.eventfd_write(self._wake, 1)
 
     def forget(self, key: int) -> None:
         with self._lock:
-            entry = self._watched.pop(key, None)
-            if entry is None:
-                return
-            self._closing.append(entry[0])
-            wake = self._wake
-        if wake is not None:
-            os.eventfd_write(wake, 1)
+            if key in self._watched:
+                self._drop(key)
 
     def forget_all(self) -> None:
         with self._lock:
-            keys = list(self._watched)
-        for key in keys:
-            self.forget(key)
+            for key in list(self._watched):
+                self._drop(key)
 
-    def _run(self, wake: int) -> None:
+    def _drop(self, key: int) -> Callable[[], None]:
+        """Stop watching ``key`` (lock held): its pidfd leaves the set and is closed."""
+        fd, gone, _ = self._watched.pop(key)
+        del self._keys[fd]
+        if self._epoll is not None:
+            self._epoll.unregister(fd)
+        os.close(fd)
+        return gone
+
+    def _run(self, epoll: select.epoll, wake: int) -> None:
         check = time.monotonic() + KILLED_POLL_S
         while True:
             with self._lock:
-                closing, self._closing = self._closing, []
-                polled = {entry[0]: key for key, entry in self._watched.items()}
-            for fd in closing:
-                os.close(fd)
-            poller = select.poll()
-            poller.register(wake, select.POLLIN)
-            for fd in polled:
-                poller.register(fd, select.POLLIN)
-            now = time.monotonic()
-            ready = poller.poll(max(0.0, check - now) * 1000 if polled else None)
-            if polled and time.monotonic() >= check:    # requests wait: any caller dying?
-                check = time.monotonic() + KILLED_POLL_S
-                with self._lock:
-                    pids = {key: entry[2] for key, entry in self._watched.items()}
-                ready += [(fd, 0) for fd, key in polled.items()
-                          if key in pids and killed(pids[key])]
-            elif not polled:
-                check = time.monotonic() + KILLED_POLL_S
-            for fd, _ in ready:
-                if fd == wake:
-                    os.eventfd_read(wake)
-                    continue
-                with self._lock:
-                    entry = self._watched.get(polled[fd])
-                    if entry is None or entry[0] != fd:
+                self._sleeping = not self._watched
+                timeout = None if self._sleeping else max(0.0, check - time.monotonic())
+            events = epoll.poll(timeout)
+            gone = []
+            with self._lock:
+                self._sleeping = False
+                for fd, _ in events:
+                    if fd == wake:
+                        os.eventfd_read(wake)
                         continue
-                    del self._watched[polled[fd]]
-                    self._closing.append(fd)
+                    key = self._keys.get(fd)
+                    # an event read just before its fd was forgotten, and the number
+                    # given to another caller's pidfd since: that one must be ready too
+                    if key is not None and _ready(fd):
+                        gone.append(self._drop(key))
+                if time.monotonic() >= check:
+                    check = time.monotonic() + KILLED_POLL_S
+                    for key, (_, _, pid) in list(self._watched.items()):
+                        if killed(pid):
+                            gone.append(self._drop(key))
+            for call in gone:
                 try:
-                    entry[1]()
+                    call()
                 except Exception:       # a caller's own failure: nothing above to raise to
                     log.exception("a request whose caller is gone could not be given up")
