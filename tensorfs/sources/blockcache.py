@@ -231,7 +231,8 @@ class BlockReader:
                 return self._copy(parts, offset, buf, deadline)
             finally:
                 self._release(futures, cancel=False)
-        return _Waiting(self, parts, offset, buf, deadline, futures, failed).future
+        return _Waiting(self, parts, offset, buf, deadline, futures, failed,
+                        (offset + len(buf) - 1) // self.block).future
 
     def _plan(self, offset: int, size: int, deadline: float, span) -> list[list]:
         """The parts of ``[offset, offset + size)``: ``[start, stop, bytes or Future, block
@@ -335,10 +336,11 @@ class BlockReader:
         for future in futures:
             self._waiters[future] = self._waiters.get(future, 0) + 1
 
-    def _release(self, futures: list[Future], cancel: bool) -> None:
+    def _release(self, futures: list[Future], cancel: bool, last: int = -1) -> None:
         """A read no longer waits for ``futures``.  ``cancel``: it gave up (its reader is
         gone): a fetch that no read waits for any more is cancelled, queued or in flight,
-        and its blocks or pieces forgotten (a later read fetches them again)."""
+        and its blocks or pieces forgotten (a later read fetches them again); so is the
+        read-ahead after the read's ``last`` block that no read waits for."""
         stopped: dict[int, tuple[Cancel, list[Future]]] = {}
         with self._lock:
             for future in futures:
@@ -349,7 +351,8 @@ class BlockReader:
                     self._waiters.pop(future, None)
             if not cancel:
                 return
-            for future in futures:
+            ahead = [self._pending.get(index) for index in range(last + 1, last + 1 + MAX_AHEAD)]
+            for future in [*futures, *(f for f in ahead if f is not None)]:
                 fetch = self._fetches.get(future)
                 if fetch is None or future.done() or id(fetch[0]) in stopped \
                         or self._waiters.get(future):
@@ -680,8 +683,9 @@ class _Waiting:
     releases the blocks with ``cancel``: the fetches no other read waits for stop."""
 
     def __init__(self, reader: BlockReader, parts: list[list], offset: int, buf,
-                 deadline: float, futures: list[Future], failed):
+                 deadline: float, futures: list[Future], failed, last: int):
         self.future: Future = Future()
+        self._last = last
         self._reader, self._parts, self._offset, self._buf = reader, parts, offset, buf
         self._deadline, self._futures, self._failed = deadline, futures, failed
         self._lock = threading.Lock()
@@ -731,7 +735,7 @@ class _Waiting:
             self._over = True
         _timers.cancel(self._timer)
         self._parts, self._buf = [], None
-        self._reader._release(self._futures, cancel=True)
+        self._reader._release(self._futures, cancel=True, last=self._last)
 
 
 class _Timers:

@@ -68,6 +68,28 @@ def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, w
     subprocess.run(["cmp", str(whole), str(wide)], check=True)
 
 
+def test_a_killed_sequential_reader_ends_its_read_ahead(nginx, proxy, wide, rmount):
+    """A reader far enough into a file to get read-ahead, then every request held: once it
+    is killed, the connection of every held request closes, read-ahead's included."""
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    p.push(*["pass"] * 4, *["stall"] * 40)
+    reader = subprocess.Popen(["cat", str(mnt / "files" / "wide.safetensors")],
+                              stdout=subprocess.DEVNULL)
+    try:
+        assert _until(lambda: len(_stalled(p)) >= 2), p.log
+        time.sleep(1)                   # every request of the reader made by now
+        reader.kill()
+        reader.wait(BOUND_S)
+        assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    finally:
+        reader.kill()
+        reader.wait()
+    p.clear()
+    assert alive(daemon_pid(mnt))
+    subprocess.run(["cmp", str(mnt / "files" / "wide.safetensors"), str(wide)], check=True)
+
+
 def test_a_killed_dd_of_a_tensor_ends_its_fetch(nginx, proxy, wide, rmount):
     """The same through a tensor's raw file, its .npy (a plain view of its bytes) and an
     O_DIRECT read (which the kernel does not interrupt either)."""
