@@ -12,9 +12,10 @@ this module adds to its ``get``:
   docs/benchmarks.md "Wire speed"); one more step of the stream must then find its end.  A body in a
   ``Content-Encoding`` other than identity is refused (reqwest here does not decode one, so
   its bytes would not be the file's);
-- **an off switch**: a request given a ``Cancel`` (the daemon's block fetches) runs on one
-  event loop thread of obstore's async API, so that cancelling it drops the request in
-  flight and its connection closes (the blocking call cannot be ended from another thread);
+- **an off switch**: a request given a ``Cancel`` (the daemon's block fetches) runs through
+  obstore's async API on its own thread's event loop, so that cancelling it drops the
+  request in flight and its connection closes (the blocking call cannot be ended from
+  another thread);
 - **no retries of its own** (``max_retries`` 0): ``tensorfs.sources.remote`` retries, within the
   read's deadline, and each request is bounded by the store's ``timeout`` (``--timeout``);
 - **one classification** of obstore's errors into ``FetchError``, from the exception class
@@ -25,7 +26,6 @@ this module adds to its ``get``:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import errno
 import json
 import os
@@ -305,21 +305,17 @@ def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, *
     return _run(_get_exact, spec, path, start, end, timeout=timeout, **kwargs)
 
 
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_pid = 0
+_loops = threading.local()
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """The event loop thread of the requests that may be cancelled: one per process (made
-    again after a fork)."""
-    global _loop, _loop_pid
-    with _helper_lock:
-        if _loop is None or _loop_pid != os.getpid():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="tensorfs-requests",
-                             daemon=True).start()
-            _loop, _loop_pid = loop, os.getpid()
-        return _loop
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop for the requests that may be cancelled (a fetch thread
+    runs its own request: no hand-off to another thread and back)."""
+    loop = getattr(_loops, "loop", None)
+    if loop is None or _loops.pid != os.getpid():
+        loop = _loops.loop = asyncio.new_event_loop()
+        _loops.pid = os.getpid()
+    return loop
 
 
 def _timeout_text(spec: tuple) -> str:
@@ -351,12 +347,12 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
     try:
         if cancel is not None:
             cancel.check()
-            running = asyncio.run_coroutine_threadsafe(
-                _get_cancellable(spec, path, start, end, options, probe), _event_loop())
-            cancel.on_cancel(running.cancel)
+            loop = _thread_loop()
+            task = loop.create_task(_get_cancellable(spec, path, start, end, options, probe))
+            cancel.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
             try:
-                return running.result()
-            except concurrent.futures.CancelledError:
+                return loop.run_until_complete(task)
+            except asyncio.CancelledError:
                 raise FetchError("cancelled", "no one waits for it any more") from None
         result = obs.get(_store(spec), path, options=options)
         want = _range_checked(result, start, end, probe)
@@ -384,10 +380,10 @@ async def _get_cancellable(spec, path, start, end, options, probe):
         want = _range_checked(result, start, end, probe)
         if want == 0:
             return b"", result.meta
-        stream = result.stream(min_chunk_size=want)
+        # one step: a chunk of at least want + 1 bytes unless the body ends first, so a
+        # body longer than asked comes back longer (refused by exact), bounded all the same
+        stream = result.stream(min_chunk_size=want + 1)
         body = await anext(stream, b"")
-        if len(body) == want and await anext(stream, None) is not None:
-            body = body + b"?"              # more than asked: refused by exact
         return exact(body, start, start + want), result.meta
     finally:
         result = stream = None          # a cancelled task's frame is kept: let go of them
