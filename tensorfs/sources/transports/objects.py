@@ -25,7 +25,6 @@ this module adds to its ``get``:
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import os
@@ -112,6 +111,8 @@ def serve_here() -> None:
 
 
 def _make_stores(specs: list) -> None:
+    import asyncio  # noqa: F401  (the cancellable requests' loops, warmed here: ~30 ms)
+
     for spec in specs:
         try:
             _store(spec)
@@ -308,9 +309,17 @@ def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, *
 _loops = threading.local()
 
 
-def _thread_loop() -> asyncio.AbstractEventLoop:
+def _cancelled() -> type[BaseException]:
+    import asyncio  # imported already by _thread_loop
+
+    return asyncio.CancelledError
+
+
+def _thread_loop():
     """This thread's event loop for the requests that may be cancelled (a fetch thread
     runs its own request: no hand-off to another thread and back)."""
+    import asyncio  # in the daemon only, and warmed there (_make_stores): ~30 ms
+
     loop = getattr(_loops, "loop", None)
     if loop is None or _loops.pid != os.getpid():
         loop = _loops.loop = asyncio.new_event_loop()
@@ -352,7 +361,7 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
             cancel.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
             try:
                 return loop.run_until_complete(task)
-            except asyncio.CancelledError:
+            except _cancelled():
                 raise FetchError("cancelled", "no one waits for it any more") from None
         result = obs.get(_store(spec), path, options=options)
         want = _range_checked(result, start, end, probe)
