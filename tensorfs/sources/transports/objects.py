@@ -13,9 +13,8 @@ this module adds to its ``get``:
   ``Content-Encoding`` other than identity is refused (reqwest here does not decode one, so
   its bytes would not be the file's);
 - **an off switch**: a request given a ``Cancel`` (the daemon's block fetches) runs through
-  obstore's async API on its own thread's event loop, so that cancelling it drops the
-  request in flight and its connection closes (the blocking call cannot be ended from
-  another thread);
+  obstore's async API on one event loop thread, so that cancelling it drops the request in
+  flight and its connection closes (the blocking call cannot be ended from another thread);
 - **no retries of its own** (``max_retries`` 0): ``tensorfs.sources.remote`` retries, within the
   read's deadline, and each request is bounded by the store's ``timeout`` (``--timeout``);
 - **one classification** of obstore's errors into ``FetchError``, from the exception class
@@ -25,6 +24,7 @@ this module adds to its ``get``:
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import os
@@ -306,25 +306,24 @@ def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, *
     return _run(_get_exact, spec, path, start, end, timeout=timeout, **kwargs)
 
 
-_loops = threading.local()
+_loop = None
+_loop_pid = 0
 
 
-def _cancelled() -> type[BaseException]:
-    import asyncio  # imported already by _thread_loop
-
-    return asyncio.CancelledError
-
-
-def _thread_loop():
-    """This thread's event loop for the requests that may be cancelled (a fetch thread
-    runs its own request: no hand-off to another thread and back)."""
+def _event_loop():
+    """The event loop thread of the requests that may be cancelled: one per process (made
+    again after a fork), so that they cost two sockets (its wake-up pair), not two per
+    fetch thread."""
     import asyncio  # in the daemon only, and warmed there (_make_stores): ~30 ms
 
-    loop = getattr(_loops, "loop", None)
-    if loop is None or _loops.pid != os.getpid():
-        loop = _loops.loop = asyncio.new_event_loop()
-        _loops.pid = os.getpid()
-    return loop
+    global _loop, _loop_pid
+    with _helper_lock:
+        if _loop is None or _loop_pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="tensorfs-requests",
+                             daemon=True).start()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
 
 
 def _timeout_text(spec: tuple) -> str:
@@ -356,12 +355,14 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
     try:
         if cancel is not None:
             cancel.check()
-            loop = _thread_loop()
-            task = loop.create_task(_get_cancellable(spec, path, start, end, options, probe))
-            cancel.on_cancel(lambda: loop.call_soon_threadsafe(task.cancel))
+            import asyncio  # imported already (_event_loop)
+
+            running = asyncio.run_coroutine_threadsafe(
+                _get_cancellable(spec, path, start, end, options, probe), _event_loop())
+            cancel.on_cancel(running.cancel)
             try:
-                return loop.run_until_complete(task)
-            except _cancelled():
+                return running.result()
+            except concurrent.futures.CancelledError:
                 raise FetchError("cancelled", "no one waits for it any more") from None
         result = obs.get(_store(spec), path, options=options)
         want = _range_checked(result, start, end, probe)
