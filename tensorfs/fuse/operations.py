@@ -14,9 +14,11 @@ editable one (``Session(editable=True)``) opens with a handle number instead
 the changes (``write`` to ``setxattr``).  ``fh`` is a handle number this filesystem gave at
 open (0: none); the kernel sends it back with every request on that open.
 
-A handler whose answer needs work that must not hold a libfuse thread (``getxattr``) may
-return a ``Later`` instead: the session keeps the request and answers it when the ``Later``
-is settled, from whichever thread settles it.
+A handler whose answer needs work that must not hold a libfuse thread (``getxattr``, and
+the reads ``read_into`` and ``read_handle`` whose bytes are on their way) may return a
+``Later`` instead: the session keeps the request and answers it when the ``Later`` is
+settled, from whichever thread settles it; it gives the ``Later`` up when the caller is
+interrupted or gone, or the session ends.
 """
 
 from __future__ import annotations
@@ -131,9 +133,11 @@ class Operations:
         Python; None: the read goes to ``read_into``."""
         return None
 
-    def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
+    def read_into(self, ino: int, offset: int, buf: memoryview) -> int | Later:
         """Copy the bytes of ``ino`` at ``offset`` into ``buf`` (FUSE_READ): how many; fewer
-        than ``len(buf)`` only at the end of the file."""
+        than ``len(buf)`` only at the end of the file.  A ``Later`` settled with the count
+        where the bytes are on their way: ``buf`` is the session's until then (it is filled
+        before the ``Later`` is answered, and not reused if it is given up)."""
         raise FsError(errno.EIO)
 
     def getxattr(self, ino: int, name: str) -> bytes | Later:
@@ -153,9 +157,9 @@ class Operations:
         self.open(ino)
         return 0
 
-    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int:
-        """FUSE_READ through the open ``fh``: as ``read_into``, the bytes that open sees
-        (its version of a file, a write session's bytes)."""
+    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int | Later:
+        """FUSE_READ through the open ``fh``: as ``read_into`` (a ``Later`` included), the
+        bytes that open sees (its version of a file, a write session's bytes)."""
         return self.read_into(ino, offset, buf)
 
     def open_write(self, ino: int, truncate: bool) -> int:

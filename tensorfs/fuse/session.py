@@ -59,6 +59,7 @@ from tensorfs.fuse.abi import (
 from tensorfs.fuse.loader import FuseUnavailable, describe, libfuse, libfuse_said
 from tensorfs.fuse.operations import Entry, FsError, Later
 from tensorfs.fuse.options import MountOptions
+from tensorfs.fuse.requesters import Requesters
 from tensorfs.runtime import descriptor_of, mount_device
 
 log = logging.getLogger("tensorfs")
@@ -70,6 +71,11 @@ INVALIDATE_WAIT_S = 2.0
 # How the bytes of a local file reach the kernel (``Session.mechanism``, logged once).
 PASSTHROUGH, SPLICE, COPY = "passthrough", "splice", "copy"
 
+
+# Background requests (page-cache reads) the kernel sends at once: the INIT answer's
+# max_background (a mount by a user who is not root gets at most the kernel's
+# max_user_bgreq).
+MAX_BACKGROUND = 64
 
 # "." and "..": a name and a type, never attributes (the kernel knows both directories).
 _DOTS = ((b".", Entry(ROOT_INO, True, None, 2)), (b"..", Entry(ROOT_INO, True, None, 2)))
@@ -94,7 +100,8 @@ class Session:
     - ``copy``: the same reply where libfuse cannot splice (it copies, in C).
 
     Reads ``read_fd`` does not answer (generated files, converted views, remote files) are
-    copied through ``read_into`` whatever the mechanism.
+    copied through ``read_into`` whatever the mechanism; one whose bytes are on their way
+    (a remote file's) is answered later, holding no thread (``_defer``).
     """
 
     def __init__(self, fs, *, uid: int, gid: int, mtime_ns: int, block_size: int,
@@ -144,6 +151,7 @@ class Session:
         self._waiting_keys = itertools.count(1)
         self._waits_ended = False
         self._on_interrupt = INTERRUPT_FUNC(self._interrupted)     # kept: libfuse calls it
+        self.requesters = Requesters()          # the callers of those requests, watched
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -216,6 +224,11 @@ class Session:
         # libfuse refuses INIT unless the filesystem repeats `-o max_read=N` here
         # (fuse_common.h: it "must be set both here and passed to fuse_session_new()").
         conn.contents.max_read = self._max_read
+        # Reads through the page cache are the kernel's background requests, at most
+        # max_background at once (12 by default): with reads that wait without a thread
+        # (``_defer``), a dozen slow remote reads would otherwise hold back every other read.
+        conn.contents.max_background = MAX_BACKGROUND
+        conn.contents.congestion_threshold = MAX_BACKGROUND * 3 // 4
         self._tune_pending = self.read_ahead_kib > 0
         self.mechanism = self._choose_mechanism(conn)
         self._init_done.set()
@@ -359,14 +372,34 @@ class Session:
             # of the descriptor with its errno itself
             self.lib.fuse_reply_data(req, vec, 0)
             return
+        self._read_through(req, size, lambda buf: self.fs.read_into(ino, offset, buf))
+
+    def _read_through(self, req, size: int, read) -> None:
+        """Answer a read with what ``read(buffer)`` copies into a reply buffer: the count,
+        or a ``Later`` of it (the bytes are on their way: the request is kept, no thread
+        waits, and the buffer goes with it until the answer, ``_defer``)."""
         buf = self._take_buffer(size)
+        kept = True
         try:
-            n = self.fs.read_into(ino, offset, memoryview(buf).cast("B")[:size])
-            self.lib.fuse_reply_buf(req, buf, n)
+            n = read(memoryview(buf).cast("B")[:size])
+            if isinstance(n, Later):
+                kept = False            # filled by whoever settles it; not reused before
+
+                def reply(count: int) -> None:
+                    self.lib.fuse_reply_buf(req, buf, count)
+                    self._keep_buffer(buf)
+
+                self._defer(req, n, reply)
+            else:
+                self.lib.fuse_reply_buf(req, buf, n)
         finally:
-            with self._buffers_lock:
-                if len(self._buffers) < 8:
-                    self._buffers.append(buf)
+            if kept:
+                self._keep_buffer(buf)
+
+    def _keep_buffer(self, buf) -> None:
+        with self._buffers_lock:
+            if len(self._buffers) < 8:
+                self._buffers.append(buf)
 
     def _readdir(self, req, ino, size, offset, fi, plus=False):
         if not plus:                            # only if READDIRPLUS_AUTO stayed on
@@ -429,11 +462,15 @@ class Session:
     def _defer(self, req, later: Later, reply) -> None:
         """Answer ``req`` with ``reply(value)`` once ``later`` is settled, from the thread that
         settles it; the libfuse thread that asked returns now.  An INTERRUPT of the request
-        (its caller got a signal or was killed) answers EINTR and tells the ``Later``'s owner
-        (``give_up``); a session that ends answers ECANCELED (``_end_waits``).  Each request
-        is answered once: the first of these takes it out of ``_waiting``, and every reply
-        is sent under ``_waiting_lock``, so none is sent once the session is gone."""
+        (its caller got a signal or was killed), or its caller's thread gone (watched by
+        ``requesters``: the kernel interrupts no read through the page cache) answers EINTR
+        and tells the ``Later``'s owner (``give_up``); a session that ends answers ECANCELED
+        (``_end_waits``).  Each request is answered once: the first of these takes it out
+        of ``_waiting``, and every reply is sent under ``_waiting_lock``, so none is sent
+        once the session is gone."""
         key = next(self._waiting_keys)
+        ctx = self.lib.fuse_req_ctx(req)
+        pid = ctx.contents.pid if ctx else 0
         with self._waiting_lock:
             ended = self._waits_ended
             if ended:
@@ -445,6 +482,7 @@ class Session:
             return
 
         def deliver(ok: bool, value) -> None:
+            self.requesters.forget(key)
             with self._waiting_lock:
                 if self._waiting.pop(key, None) is None:
                     return
@@ -461,7 +499,15 @@ class Session:
         # the delivery is handed over only after (an INTERRUPT read later is called with a
         # reference held, and may reply).
         self.lib.fuse_req_interrupt_func(req, self._on_interrupt, key)
+        self.requesters.watch(key, pid, lambda: self._gone(key, pid))
         later.deliver_to(deliver)
+
+    def _gone(self, key: int, pid: int) -> None:
+        with self._waiting_lock:
+            later = self._waiting.get(key)
+        if later is not None:
+            log.debug("request %d: its caller (thread %d) is gone: answered EINTR", key, pid)
+            later.give_up(errno.EINTR)
 
     def _interrupted(self, req, key) -> None:
         with self._waiting_lock:
@@ -479,6 +525,7 @@ class Session:
         with self._waiting_lock:
             self._waits_ended = True
             waiting = list(self._waiting.values())
+        self.requesters.forget_all()
         for later in waiting:
             later.give_up(errno.ECANCELED)
         with self._waiting_lock:            # a reply being sent by another thread is done
@@ -557,14 +604,8 @@ class Session:
         return ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents.fh if fi else 0
 
     def _read_editable(self, req, ino, size, offset, fi):
-        buf = self._take_buffer(size)
-        try:
-            n = self.fs.read_handle(ino, self._fh(fi), offset, memoryview(buf).cast("B")[:size])
-            self.lib.fuse_reply_buf(req, buf, n)
-        finally:
-            with self._buffers_lock:
-                if len(self._buffers) < 8:
-                    self._buffers.append(buf)
+        fh = self._fh(fi)
+        self._read_through(req, size, lambda buf: self.fs.read_handle(ino, fh, offset, buf))
 
     def _write(self, req, ino, data, size, offset, fi):
         n = self.fs.write(ino, self._fh(fi), offset, ctypes.string_at(data, size))

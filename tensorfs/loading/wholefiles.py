@@ -48,6 +48,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 from typing import NamedTuple
 
 from tensorfs.errors import ModelError
@@ -523,6 +524,17 @@ class WholeFileView(View):
             if source.blocks is not None:   # a remote file: read-ahead over the whole file,
                 return source.read_into(offset, buf[:size], span=(0, total))    # not one tensor
             return source.read_into(offset, buf[:size])
+
+    def read_or_wait(self, offset: int, buf) -> int | Future[int]:
+        """A remote model file's bytes without holding a thread while they come (a
+        companion, opened for the read only, waits)."""
+        source = self._source
+        if source is None or source.blocks is None:
+            return self.read_into(offset, buf)
+        total = source.size
+        if offset >= total or len(buf) == 0:
+            return 0
+        return source.read_or_wait(offset, buf[:min(len(buf), total - offset)], span=(0, total))
 
     def read(self, offset: int, size: int) -> bytes:
         total = self.size

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from tensorfs.editing.session import EditRefused
 from tensorfs.fuse.operations import Entry, FsError, Later, Operations
@@ -182,11 +183,13 @@ class TensorFS(Operations):
     def read_fd(self, ino: int, offset: int, size: int):
         return self._file_view(ino).read_fd(offset, size) if FD_REPLIES else None
 
-    def read_into(self, ino: int, offset: int, buf: memoryview) -> int:
+    def read_into(self, ino: int, offset: int, buf: memoryview) -> int | Later:
+        """A read whose bytes are on their way (a remote file's) is answered later, holding
+        no thread: ``View.read_or_wait``."""
         node = self._node(ino)
         if isinstance(node, DirNode):
             raise FsError(errno.EISDIR)
-        return node.view.read_into(offset, buf)
+        return _later(node.view.read_or_wait(offset, buf))
 
     def getxattr(self, ino: int, name: str) -> bytes | Later:
         if ino == self.tree.root.ino and name == PID_XATTR:
@@ -232,11 +235,11 @@ class TensorFS(Operations):
             raise FsError(errno.EISDIR)
         return self._keep(self._editor().open_read(node))
 
-    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int:
+    def read_handle(self, ino: int, fh: int, offset: int, buf: memoryview) -> int | Later:
         handle = self._handles.get(fh) if fh else None
         if handle is None:
             return self.read_into(ino, offset, buf)
-        return handle.read_into(offset, buf)
+        return _later(handle.read_or_wait(offset, buf))
 
     def open_write(self, ino: int, truncate: bool) -> int:
         return self._keep(self._editor().open_write(self._node(ino), truncate))
@@ -283,6 +286,31 @@ class TensorFS(Operations):
         if name != TYPE_XATTR:
             raise FsError(errno.EPERM if name.startswith("user.") else errno.EOPNOTSUPP)
         self._editor().set_type(self._node(ino), value.decode("utf-8", "replace").strip())
+
+
+def _later(result: int | Future[int]) -> int | Later:
+    """A view's read as the session answers it: the count, or a ``Later`` settled with it
+    when the view's ``Future`` is done; a request given up (its reader interrupted or gone,
+    the session ending) cancels the Future, and with it the work no other read waits for."""
+    if not isinstance(result, Future):
+        return result
+
+    def given_up(_gone: Later, _code: int) -> None:
+        result.cancel()
+
+    later = Later(on_give_up=given_up)
+
+    def settled(done: Future[int]) -> None:
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            later.fail(error)
+        else:
+            later.answer(done.result())
+
+    result.add_done_callback(settled)
+    return later
 
 
 def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,

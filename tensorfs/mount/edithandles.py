@@ -18,6 +18,7 @@ import errno
 import threading
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -96,6 +97,11 @@ class OpenFile(ABC):
         """The bytes at ``offset`` as this open sees them, into ``buf``: how many (fewer
         only at the end)."""
 
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        """``read_into``, or a ``Future`` of the count where the bytes are on their way
+        (``View.read_or_wait``)."""
+        return self.read_into(offset, buf)
+
     def flush(self) -> None:
         """A ``close()`` of a descriptor of this open (FUSE_FLUSH)."""
 
@@ -127,6 +133,12 @@ class ReadHandle(OpenFile):
         if held is None:
             return self.owner.read_now(self.node, offset, buf)
         return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
+
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        held = self.snapshot
+        if held is None:
+            return self.read_into(offset, buf)
+        return held.read_or_wait(offset, buf[:max(0, min(len(buf), held.size - offset))])
 
     def release(self) -> None:
         self.owner.closed(self)

@@ -21,6 +21,9 @@ block cache for tensors adds to a plain LRU of blocks:
   from then on it reads whole blocks and gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
   once (what a long round trip needs: docs/remote.md);
+- **reads that wait without a thread** (``read_or_wait``): a read whose bytes are on their
+  way gets a ``Future``, done once they are here and copied; cancelling it (its reader is
+  gone) drops the fetches no other read waits for, queued or in flight (``Cancel``);
 - blocks kept in memory in the mount's one LRU (``--cache-size``), and with a
   ``tensorfs.sources.diskcache.DiskCache`` on disk too, keyed by the file's endpoint, path, version
   and block size.
@@ -36,6 +39,8 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -46,6 +51,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Callable
 
 from tensorfs.sources.diskcache import DiskCache
+from tensorfs.sources.transports.base import Cancel, FetchError
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
@@ -152,10 +158,12 @@ def reuse_freed_blocks() -> None:
 
 
 class BlockReader:
-    """The blocks of one remote file.  ``fetch(start, end, deadline) -> bytes`` gets
-    ``[start, end)`` (exactly) or raises."""
+    """The blocks of one remote file.  ``fetch(start, end, deadline, cancel) -> bytes`` gets
+    ``[start, end)`` (exactly) or raises; ``cancel`` (a ``Cancel``, or None) ends it where
+    no read waits for it any more."""
 
-    def __init__(self, key: tuple, size: int, fetch: Callable[[int, int, float], bytes],
+    def __init__(self, key: tuple, size: int,
+                 fetch: Callable[[int, int, float, Cancel | None], bytes],
                  memory, disk: "DiskCache | None" = None, disk_key: str | None = None,
                  block_size: int = BLOCK_SIZE, fetcher: Fetcher | None = None):
         self.key = key
@@ -181,6 +189,10 @@ class BlockReader:
         # Reads in exact ranges: never with a disk cache, whose unit is the block (what is
         # fetched is kept for the next mount, and a block is what the disk holds).
         self.exact_reads = disk is None or not disk_key
+        # each pending block's or piece's Future -> (the Cancel of the fetch that brings it,
+        # its block index or ("piece", start)); and how many reads wait for it
+        self._fetches: dict[Future, tuple[Cancel, int | tuple[str, int]]] = {}
+        self._waiters: dict[Future, int] = {}
         self.requests = 0               # how many fetches were made (tests, bench)
         self.fetched_bytes = 0
         self.closed = False
@@ -195,44 +207,78 @@ class BlockReader:
     def read_into(self, offset: int, buf, deadline: float, span: tuple[int, int] | None = None) -> int:
         """``span``: the extent of the file being read, that read-ahead may run to (a whole
         file of files/: all of it); by default the tensor the read falls in."""
-        size = len(buf)
-        if size <= 0:
+        if len(buf) <= 0:
             return 0
+        parts = self._plan(offset, len(buf), deadline, span)
+        try:
+            return self._copy(parts, offset, buf, deadline)
+        finally:
+            self._release(_futures(parts), cancel=False)
+
+    def read_or_wait(self, offset: int, buf, deadline: float,
+                     span: tuple[int, int] | None = None,
+                     failed: Callable[[BaseException], BaseException] | None = None):
+        """``read_into`` where every byte is here; else a ``Future`` of the count, done
+        once the bytes came and were copied into ``buf`` (by the thread that brought the
+        last of them), failed with ``failed(error)`` (a fetch failed, or ``deadline``
+        passed: TimeoutError).  Cancelling it drops the fetches no other read waits for."""
+        if len(buf) <= 0:
+            return 0
+        parts = self._plan(offset, len(buf), deadline, span)
+        futures = _futures(parts)
+        if all(future.done() for future in futures):
+            try:
+                return self._copy(parts, offset, buf, deadline)
+            finally:
+                self._release(futures, cancel=False)
+        return _Waiting(self, parts, offset, buf, deadline, futures, failed,
+                        (offset + len(buf) - 1) // self.block).future
+
+    def _plan(self, offset: int, size: int, deadline: float, span) -> list[list]:
+        """The parts of ``[offset, offset + size)``: ``[start, stop, bytes or Future, block
+        index or None]`` in order, the fetches of the missing ones started, every Future
+        counted as waited for (``_release`` once done with them)."""
         first, last = offset // self.block, (offset + size - 1) // self.block
         # before waiting: all in flight at once
         exact = self._read_ahead(offset, offset + size, first, last, span)
         lo, hi = self._small_tensor(offset, first, last, span)
         if self.exact_reads:
             if exact and size < self.block and (lo, hi) == (first, last):
-                return self._read_exact(offset, buf, deadline)
+                return self._exact_parts(offset, size, deadline)
             with self._lock:
                 held = self._has_pieces(lo, hi)
             if held:                    # blocks partly held as pieces: the rest as pieces
-                return self._read_exact(offset, buf, deadline)
+                return self._exact_parts(offset, size, deadline)
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
+        return [[index * self.block, index * self.block + self._block_len(index), blocks[index],
+                 index] for index in range(first, last + 1)]
+
+    def _copy(self, parts: list[list], offset: int, buf, deadline: float) -> int:
+        """Copy the parts into ``buf`` (waiting for those on their way)."""
+        end = offset + len(buf)
         out = memoryview(buf)
-        pos = 0
+        pos = offset
         done = []
-        for index in range(first, last + 1):
-            data = blocks[index]
-            start = offset + pos - index * self.block
-            n = min(len(data) - start, size - pos)
+        for start, stop, data, index in parts:
+            if isinstance(data, Future):
+                data = self._wait(data, deadline)
+            n = min(stop, end) - pos
             with memoryview(data) as view:
-                out[pos:pos + n] = view[start:start + n]
+                out[pos - offset:pos - offset + n] = view[pos - start:pos - start + n]
             pos += n
-            if self.page_cached and self._served_all(index, n):
+            if index is not None and self.page_cached and self._served_all(index, n):
                 done.append(index)
-        del blocks, data
+        del parts, data
         for index in done:
             self._let_go(index)
-        return pos
+        return pos - offset
 
-    def _read_exact(self, offset: int, buf, deadline: float) -> int:
+    def _exact_parts(self, offset: int, size: int, deadline: float) -> list[list]:
         """A random reader's read: blocks and pieces already here (or on their way) serve
         it, and each stretch of it that nothing holds is fetched as it is, one request per
         stretch: a piece, kept in the memory cache (unless the kernel's page cache keeps
         what FUSE served) so that no byte is fetched twice."""
-        end = offset + len(buf)
+        end = offset + size
         parts: list[list] = []      # [start, stop, bytes or Future or None (a gap), block index]
         with self._lock:
             pos = offset
@@ -263,26 +309,71 @@ class BlockReader:
                     part[2] = Future()
                     bisect.insort(self._piece_starts, part[0])
                     self._pieces[part[0]] = (part[1], part[2])
-                    todo.append((part[0], part[1], part[2]))
-        for start, stop, future in todo:
-            self.fetcher.submit(functools.partial(self._fetch_piece, start, stop, future, deadline),
-                                urgent=True)
-        out = memoryview(buf)
-        pos = offset
-        done = []
-        for start, stop, data, index in parts:
-            if isinstance(data, Future):
-                data = self._wait(data, deadline)
-            n = min(stop, end) - pos
-            with memoryview(data) as view:
-                out[pos - offset:pos - offset + n] = view[pos - start:pos - start + n]
-            pos += n
-            if index is not None and self.page_cached and self._served_all(index, n):
-                done.append(index)
-        del parts, data
-        for index in done:
-            self._let_go(index)
-        return pos - offset
+                    cancel = self._fetching(part[2], ("piece", part[0]))
+                    todo.append((part[0], part[1], part[2], cancel))
+            self._hold(_futures(parts))
+        for start, stop, future, cancel in todo:
+            self.fetcher.submit(functools.partial(self._fetch_piece, start, stop, future, deadline,
+                                                  cancel), urgent=True)
+        return parts
+
+    # -- who waits for what: a fetch no read waits for any more is cancelled -----------------
+    def _fetching(self, future: Future, where: int | tuple[str, int],
+                  cancel: Cancel | None = None) -> Cancel:
+        """Note the fetch that brings ``future`` (lock held): its off switch, made here
+        unless a merged request shares one."""
+        cancel = cancel or Cancel()
+        self._fetches[future] = (cancel, where)
+        future.add_done_callback(self._fetched)
+        return cancel
+
+    def _fetched(self, future: Future) -> None:
+        with self._lock:
+            self._fetches.pop(future, None)
+
+    def _hold(self, futures: list[Future]) -> None:
+        """One more read waits for each of ``futures`` (lock held)."""
+        for future in futures:
+            self._waiters[future] = self._waiters.get(future, 0) + 1
+
+    def _release(self, futures: list[Future], cancel: bool, last: int = -1) -> None:
+        """A read no longer waits for ``futures``.  ``cancel``: it gave up (its reader is
+        gone): a fetch that no read waits for any more is cancelled, queued or in flight,
+        and its blocks or pieces forgotten (a later read fetches them again); so is the
+        read-ahead after the read's ``last`` block that no read waits for."""
+        stopped: dict[int, tuple[Cancel, list[Future]]] = {}
+        with self._lock:
+            for future in futures:
+                left = self._waiters.get(future, 0) - 1
+                if left > 0:
+                    self._waiters[future] = left
+                else:
+                    self._waiters.pop(future, None)
+            if not cancel:
+                return
+            ahead = [self._pending.get(index) for index in range(last + 1, last + 1 + MAX_AHEAD)]
+            for future in [*futures, *(f for f in ahead if f is not None)]:
+                fetch = self._fetches.get(future)
+                if fetch is None or future.done() or id(fetch[0]) in stopped \
+                        or self._waiters.get(future):
+                    continue
+                group = [f for f, (c, _) in self._fetches.items() if c is fetch[0]]
+                if any(self._waiters.get(f) for f in group):
+                    continue                # a merged request another read waits for
+                stopped[id(fetch[0])] = (fetch[0], group)
+                for f in group:
+                    where = self._fetches[f][1]
+                    if isinstance(where, int):
+                        if self._pending.get(where) is f:
+                            del self._pending[where]
+                    else:
+                        self._forget_piece(where[1], f)
+        for switch, group in stopped.values():
+            log.debug("%s: a fetch no one waits for any more is cancelled", self.key[0])
+            switch.cancel()
+            for future in group:
+                if not future.done():
+                    future.set_exception(FetchError("cancelled", "no one waits for it any more"))
 
     # the pieces: starts sorted, start -> (stop, the Future while it is fetched, else None)
     def _piece_at(self, pos: int):
@@ -324,11 +415,12 @@ class BlockReader:
                 bisect.insort(self._piece_starts, start)
             self._pieces[start] = (start + len(data), None)
 
-    def _fetch_piece(self, start: int, stop: int, future: Future, deadline: float) -> None:
+    def _fetch_piece(self, start: int, stop: int, future: Future, deadline: float,
+                     cancel: Cancel | None = None) -> None:
         try:
             if self.closed:
                 raise OSError("the mount is closing")
-            data = self.fetch(start, stop, deadline)
+            data = self.fetch(start, stop, deadline, cancel)
         except BaseException as error:      # the reader gets it
             with self._lock:
                 self._forget_piece(start, future)
@@ -394,26 +486,24 @@ class BlockReader:
         return first, last
 
     def _blocks(self, lo: int, hi: int, deadline: float, needed: tuple[int, int]) -> dict:
-        """Blocks lo..hi (the ones in ``needed`` waited for), fetching what is missing."""
-        found: dict[int, bytes] = {}
-        waits: dict[int, Future] = {}
+        """Blocks lo..hi, each its bytes or the Future of its fetch (those in ``needed``
+        counted as waited for), fetching what is missing."""
+        found: dict[int, bytes | Future] = {}
         mine: dict[int, Future] = {}
+        first, last = needed
         with self._lock:
             for index in range(lo, hi + 1):
                 data = self.memory.lookup((self.key, index))
                 if data is not None:
                     found[index] = data
                 elif index in self._pending:
-                    waits[index] = self._pending[index]
+                    found[index] = self._pending[index]
                 else:
-                    mine[index] = self._pending[index] = Future()
+                    found[index] = mine[index] = self._pending[index] = Future()
+            self._hold([f for i, f in found.items()
+                        if first <= i <= last and isinstance(f, Future)])
         if mine:
             self._fetch_runs(sorted(mine), deadline)
-            waits.update(mine)
-        first, last = needed
-        for index, future in waits.items():
-            if first <= index <= last:
-                found[index] = self._wait(future, deadline)
         return found
 
     @staticmethod
@@ -434,16 +524,25 @@ class BlockReader:
             else:
                 runs.append([index])
         for run in runs:
-            self.fetcher.submit(functools.partial(self._fetch_disk_or_run, run, deadline),
-                                urgent=True)
+            with self._lock:
+                cancel = Cancel()
+                for index in run:
+                    future = self._pending.get(index)
+                    if future is not None:      # else let go: the mount is closing
+                        self._fetching(future, index, cancel)
+            self.fetcher.submit(functools.partial(self._fetch_disk_or_run, run, deadline,
+                                                  cancel), urgent=True)
 
-    def _fetch_disk_or_run(self, run: list[int], deadline: float) -> None:
+    def _fetch_disk_or_run(self, run: list[int], deadline: float,
+                           cancel: Cancel | None = None) -> None:
+        if cancel is not None and cancel.cancelled:
+            return                      # dropped before it started: no one waits for it
         missing = [index for index in run if not self._from_disk(index)]
         while missing:                  # what the disk lacked, in adjacent runs again
             part = [missing.pop(0)]
             while missing and missing[0] == part[-1] + 1:
                 part.append(missing.pop(0))
-            self._fetch_run(part, deadline)
+            self._fetch_run(part, deadline, cancel)
 
     def _from_disk(self, index: int) -> bool:
         if self.disk is None:
@@ -454,19 +553,20 @@ class BlockReader:
         self._resolve(index, data, keep_on_disk=False)
         return True
 
-    def _fetch_run(self, run: list[int], deadline: float) -> None:
+    def _fetch_run(self, run: list[int], deadline: float, cancel: Cancel | None = None) -> None:
         start = run[0] * self.block
         end = min(self.size, (run[-1] + 1) * self.block)
         try:
             if self.closed:
                 raise OSError("the mount is closing")
-            data = self.fetch(start, end, deadline)
+            data = self.fetch(start, end, deadline, cancel)
             with self._lock:
                 self.requests += 1
                 self.fetched_bytes += len(data)
         except BaseException as error:
-            with self._lock:
-                futures = [self._pending.pop(i) for i in run if i in self._pending]
+            with self._lock:            # this fetch's own (a cancelled one's: forgotten)
+                futures = [self._pending.pop(i) for i in run if i in self._pending
+                           and self._fetches.get(self._pending[i], (None,))[0] is cancel]
             for future in futures:
                 if not future.done():
                     future.set_exception(error)
@@ -538,12 +638,12 @@ class BlockReader:
                 if index in self._pending or self.memory.lookup((self.key, index)) is not None \
                         or (self.exact_reads and self._has_pieces(index, index)):
                     continue
-                self._pending[index] = Future()
-                todo.append(index)
+                todo.append((index, self._fetching(future := Future(), index)))
+                self._pending[index] = future
         if todo:
             deadline = time.monotonic() + 3600      # nobody waits on read-ahead but readers,
-            for index in todo:                      # who wait with their own deadline
-                self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline),
+            for index, cancel in todo:              # who wait with their own deadline
+                self.fetcher.submit(functools.partial(self._fetch_ahead, index, deadline, cancel),
                                     urgent=False, key=(id(self), limit))   # one per extent read
         return exact
 
@@ -553,9 +653,11 @@ class BlockReader:
         room = self.memory.max_bytes // (4 * self.block)
         return max(1, min(MAX_AHEAD, room))
 
-    def _fetch_ahead(self, index: int, deadline: float) -> None:
+    def _fetch_ahead(self, index: int, deadline: float, cancel: Cancel | None = None) -> None:
+        if cancel is not None and cancel.cancelled:
+            return
         if not self._from_disk(index):
-            self._fetch_run([index], deadline)
+            self._fetch_run([index], deadline, cancel)
 
     def close(self) -> None:
         """Wake every reader waiting for a block: unmounting does not wait for a request."""
@@ -568,3 +670,113 @@ class BlockReader:
             if not future.done():
                 future.set_exception(OSError("the mount is closing"))
 
+
+
+def _futures(parts: list[list]) -> list[Future]:
+    return [part[2] for part in parts if isinstance(part[2], Future)]
+
+
+class _Waiting:
+    """One read that waits for its blocks without a thread: ``future`` is done once the
+    last of them came and the read was copied (by the thread that brought it), or failed
+    (a fetch failed; ``deadline`` passed).  Cancelling ``future`` (the reader gave up)
+    releases the blocks with ``cancel``: the fetches no other read waits for stop."""
+
+    def __init__(self, reader: BlockReader, parts: list[list], offset: int, buf,
+                 deadline: float, futures: list[Future], failed, last: int):
+        self.future: Future = Future()
+        self._last = last
+        self._reader, self._parts, self._offset, self._buf = reader, parts, offset, buf
+        self._deadline, self._futures, self._failed = deadline, futures, failed
+        self._lock = threading.Lock()
+        self._left = {id(f) for f in futures if not f.done()}
+        self._over = False
+        self._timer = _timers.add(deadline, self._late)
+        self.future.add_done_callback(self._ended)
+        for future in futures:
+            future.add_done_callback(self._came)
+
+    def _came(self, future: Future) -> None:
+        with self._lock:
+            self._left.discard(id(future))
+            last = not self._left
+        if future.exception() is not None or last:
+            self._finish(None)
+
+    def _late(self) -> None:
+        self._finish(TimeoutError("no answer in time"))
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
+        _timers.cancel(self._timer)
+        if not self.future.set_running_or_notify_cancel():
+            return                      # given up first: _ended released the blocks
+        reader, parts = self._reader, self._parts
+        self._parts = []
+        try:
+            if error is not None:
+                raise error
+            n = reader._copy(parts, self._offset, self._buf, self._deadline)    # all here
+        except BaseException as exc:    # the reader gets it
+            self.future.set_exception(self._failed(exc) if self._failed else exc)
+        else:
+            self.future.set_result(n)
+        finally:
+            reader._release(self._futures, cancel=False)
+            self._buf = None
+
+    def _ended(self, future: Future) -> None:
+        if not future.cancelled():
+            return
+        with self._lock:
+            self._over = True
+        _timers.cancel(self._timer)
+        self._parts, self._buf = [], None
+        self._reader._release(self._futures, cancel=True, last=self._last)
+
+
+class _Timers:
+    """One thread that calls each ``fn`` given to ``add`` at its time (``time.monotonic``),
+    unless ``cancel`` came first: the deadlines of the reads that wait without a thread."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._heap: list = []
+        self._order = itertools.count()
+        self._pid = 0
+
+    def add(self, when: float, fn: Callable[[], None]) -> list:
+        entry = [when, next(self._order), fn]
+        with self._cond:
+            if self._pid != os.getpid():        # made in the process that uses it
+                self._pid, self._heap = os.getpid(), []
+                threading.Thread(target=self._run, name="tensorfs-deadlines", daemon=True).start()
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    def cancel(self, entry: list) -> None:
+        entry[2] = None                 # what it would have called is let go now
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        fn = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            try:
+                fn()
+            except Exception:           # a deadline's own failure: nothing above to raise to
+                log.exception("a read's deadline failed unexpectedly")
+
+
+_timers = _Timers()

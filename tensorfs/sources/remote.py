@@ -28,7 +28,7 @@ from tensorfs.sources.diskcache import DiskCache
 from tensorfs.sources.location import DIRECTORY, FILE, Location
 from tensorfs.sources.source import Source, SourceError
 from tensorfs.sources.transports import transport_for
-from tensorfs.sources.transports.base import FetchError, Transport
+from tensorfs.sources.transports.base import Cancel, FetchError, Transport
 from tensorfs.sources.urls import RemoteSettings, display_url
 
 log = logging.getLogger("tensorfs")
@@ -214,6 +214,15 @@ class RemoteSource(Source):
 
     def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
         """``span``: the extent the reader reads in, for read-ahead (BlockReader.read_into)."""
+        return self._read(offset, buf, span, wait=True)
+
+    def read_or_wait(self, offset: int, buf, span: tuple[int, int] | None = None):
+        """As ``read_into``, or a ``Future`` where the blocks are on their way
+        (``BlockReader.read_or_wait``): failed with the same ``SourceError`` as a read that
+        waited, logged and shown in ``tensorfs list`` alike."""
+        return self._read(offset, buf, span, wait=False)
+
+    def _read(self, offset: int, buf, span, wait: bool):
         size = len(buf)
         if size <= 0:
             return 0
@@ -234,17 +243,23 @@ class RemoteSource(Source):
                 self._head += more
                 buf[:] = memoryview(self._head)[offset:end]
                 return size
-            return self.blocks.read_into(offset, buf, deadline, span=span)
-        except FetchError as error:
-            raise self._failed(error, offset, size) from None
-        except TimeoutError:
-            raise self._failed(FetchError("timeout", f"no answer within {self.timeout:g} s"),
-                               offset, size) from None
-        except SourceError:
-            raise
-        except OSError as error:
-            raise self._failed(FetchError("http", str(error.strerror or error)), offset,
-                               size) from None
+            if wait:
+                return self.blocks.read_into(offset, buf, deadline, span=span)
+            return self.blocks.read_or_wait(offset, buf, deadline, span=span,
+                                            failed=lambda error: self._mapped(error, offset, size))
+        except BaseException as error:
+            raise self._mapped(error, offset, size) from None
+
+    def _mapped(self, error: BaseException, offset: int, size: int) -> BaseException:
+        """What a read that failed with ``error`` raises: a ``SourceError`` (EIO), logged."""
+        if isinstance(error, FetchError):
+            return self._failed(error, offset, size)
+        if isinstance(error, TimeoutError):
+            return self._failed(FetchError("timeout", f"no answer within {self.timeout:g} s"),
+                                offset, size)
+        if isinstance(error, SourceError) or not isinstance(error, OSError):
+            return error
+        return self._failed(FetchError("http", str(error.strerror or error)), offset, size)
 
     def _failed(self, error: FetchError, offset: int, size: int) -> SourceError:
         """The read's EIO, logged here (the FUSE layer does not log it again): a change of
@@ -266,21 +281,25 @@ class RemoteSource(Source):
                                    f"{error.message}"))
 
     # -- requests ------------------------------------------------------------------------------
-    def _fetch(self, start: int, end: int, deadline: float) -> bytes:
+    def _fetch(self, start: int, end: int, deadline: float, cancel: Cancel | None = None) -> bytes:
         if self.broken is not None:
             raise FetchError("version", self.broken)
         data = self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
-                                                                self.version, timeout), deadline)
+                                                                self.version, timeout, cancel),
+                           deadline, cancel)
         mount_status.read_ok(self.path)             # list: serving again, if it was degraded
         return data
 
-    def _retry(self, attempt, deadline: float):
+    def _retry(self, attempt, deadline: float, cancel: Cancel | None = None):
         """``attempt(timeout)``, again after a transient fault (connection, timeout, 5xx,
-        429) with doubling pauses, at most ``MAX_TRIES`` times and never past ``deadline``."""
+        429) with doubling pauses, at most ``MAX_TRIES`` times, never past ``deadline`` and
+        never once ``cancel`` is cancelled."""
         pause = FIRST_BACKOFF_S
         for tries in range(1, MAX_TRIES + 1):
             if self.transport.closing:
                 raise FetchError("closing", "the mount is closing")
+            if cancel is not None:
+                cancel.check()
             left = min(deadline - time.monotonic(), self.timeout)
             if left <= 0:
                 raise FetchError("timeout", f"no answer within {self.timeout:g} s")

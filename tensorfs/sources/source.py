@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 
@@ -55,6 +56,15 @@ class Source(ABC):
         """Fill the writable buffer ``buf`` with exactly the bytes at ``offset`` (inside
         ``size``); anything else is a ``SourceError`` (EIO in the mount).  ``span``: the
         extent the reader reads in, a hint for read-ahead."""
+
+    def read_or_wait(self, offset: int, buf, span: tuple[int, int] | None = None
+                     ) -> int | Future[int]:
+        """``read_into``, or, where the bytes are on their way (a remote file's blocks being
+        fetched), a ``Future`` of the count, done once they came and were copied into
+        ``buf`` by the thread that brought them: a read that waits without holding a
+        thread.  It fails as ``read_into`` would (its deadline included); cancelling it
+        (the reader is gone) stops the work no other read waits for."""
+        return self.read_into(offset, buf, span)
 
     def read(self, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes at ``offset`` (``read_into`` into a new buffer)."""

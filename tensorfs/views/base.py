@@ -7,6 +7,7 @@ content, .npy files, converted tensors); elsewhere, those made where their conte
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 
@@ -20,6 +21,25 @@ def _copy_into(buf: memoryview, data) -> int:
     n = min(len(buf), len(data))
     buf[:n] = memoryview(data)[:n]
     return n
+
+
+def added(future: Future[int], n: int) -> Future[int]:
+    """A Future of ``n`` more than ``future``'s count (bytes copied before it), cancelled
+    with it."""
+    out: Future[int] = Future()
+
+    def came(done: Future[int]) -> None:
+        if done.cancelled() or not out.set_running_or_notify_cancel():
+            return
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(n + done.result())
+
+    out.add_done_callback(lambda o: future.cancel() if o.cancelled() else None)
+    future.add_done_callback(came)
+    return out
 
 
 class View(ABC):
@@ -59,6 +79,13 @@ class View(ABC):
     def read_into(self, offset: int, buf: memoryview) -> int:
         """The same bytes written into the writable buffer ``buf``; how many."""
         return _copy_into(buf, self.read(offset, len(buf)))
+
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        """``read_into``, or a ``Future`` of the count where the bytes are on their way
+        (``Source.read_or_wait``: a remote tensor's, a whole remote file's): done once they
+        are in ``buf``; cancelling it stops the work no other read waits for.  A view that
+        makes its bytes (converted, generated) reads them here, waiting."""
+        return self.read_into(offset, buf)
 
     def open(self) -> int | None:
         """Called at each open: raise to refuse it (a file changed since the mount: EIO);

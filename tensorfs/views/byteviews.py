@@ -27,7 +27,7 @@ import os
 import struct
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Hashable
 
 if TYPE_CHECKING:          # annotations only: numpy is imported where it is used
@@ -38,7 +38,7 @@ from tensorfs.cache import ByteLRU
 from tensorfs.convert.blocks import read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
 from tensorfs.sources.source import Source
-from tensorfs.views.base import View, _clip, _copy_into
+from tensorfs.views.base import View, _clip, _copy_into, added
 
 log = logging.getLogger("tensorfs")
 
@@ -63,6 +63,11 @@ class RawView(View):
         offset, size = _clip(offset, len(buf), self.size)
         return self.source.read_into(self.offset + offset, buf[:size],
                                      span=self._span) if size else 0
+
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        offset, size = _clip(offset, len(buf), self.size)
+        return self.source.read_or_wait(self.offset + offset, buf[:size],
+                                        span=self._span) if size else 0
 
     def open(self) -> None:
         """A file changed since the mount is refused at open (EIO), as at a read."""
@@ -328,6 +333,21 @@ class NpyView(View):
         if n < size:
             n += self.data.read_into(0, buf[n:size])
         return n
+
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        """The data part as its view reads it: without a thread where it is a plain view of
+        a remote tensor's bytes; a converted view makes its bytes, waiting."""
+        header = self.header
+        offset, size = _clip(offset, len(buf), len(header) + self.data.size)
+        if size == 0:
+            return 0
+        if offset >= len(header):
+            return self.data.read_or_wait(offset - len(header), buf[:size])
+        n = _copy_into(buf[:size], memoryview(header)[offset:])
+        if n == size:
+            return n
+        rest = self.data.read_or_wait(0, buf[n:size])
+        return added(rest, n) if isinstance(rest, Future) else n + rest
 
 
 # Converted chunks are this many float32 output bytes (rounded to whole blocks): big enough

@@ -527,7 +527,8 @@ class Proxy:
     ``match`` (default: GETs with a ``Range`` header, i.e. reads): ``pass``; ``drop`` (the
     response head and half the body, then both connections closed); ``503`` and ``429``
     (answered here, ``Retry-After: 0``); ``stall`` (the request read, never answered until
-    the client gives up or the proxy stops).  ``rtt``: seconds added to every request and a
+    the client gives up or the proxy stops; ``left``: (uri, range, time.monotonic()) of each
+    stalled request whose client closed its connection).  ``rtt``: seconds added to every request and a
     window of ``window`` bytes in flight per connection, so one stream moves at most
     window / rtt bytes a second, as over a long link.  ``log``: (method, uri, range, fault).
     """
@@ -538,6 +539,7 @@ class Proxy:
         self.window = window
         self.port = 0
         self.log: list[tuple[str, str, str, str]] = []
+        self.left: list[tuple[str, str, float]] = []
         self._faults: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -625,8 +627,11 @@ class Proxy:
                     body = await creader.readexactly(int(headers["content-length"]))
                 fault = self._take(method, uri, headers)
                 self.log.append((method, uri, headers.get("range", ""), fault))
-                if fault == "stall":
-                    await asyncio.Event().wait()          # until cancelled or the client leaves
+                if fault == "stall":                      # until cancelled or the client leaves
+                    while await creader.read(1 << 16):
+                        pass
+                    self.left.append((uri, headers.get("range", ""), time.monotonic()))
+                    return
                 if fault in ("503", "429"):
                     reason = "Service Unavailable" if fault == "503" else "Too Many Requests"
                     cwriter.write(f"HTTP/1.1 {fault} {reason}\r\nContent-Length: 0\r\n"

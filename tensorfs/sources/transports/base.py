@@ -27,7 +27,7 @@ LIBRARY_LOGGERS = ("botocore", "boto3", "s3fs", "aiobotocore", "fsspec", "aiohtt
 class FetchError(OSError):
     """One failed request.  ``kind``: not_found, denied, no_range, version, unreachable,
     untrusted (the server's certificate), timeout, too_long, encoding, http, closing,
-    not_a_file.  ``transient``: worth another
+    cancelled (no one waits for it any more: ``Cancel``), not_a_file.  ``transient``: worth another
     try."""
 
     def __init__(self, kind: str, message: str, *, status: int | None = None,
@@ -47,6 +47,39 @@ class FetchError(OSError):
 
 def _fetch_error(kind, message, status, transient, hint) -> FetchError:
     return FetchError(kind, message, status=status, transient=transient, hint=hint)
+
+
+class Cancel:
+    """A request's off switch: ``cancel()`` (any thread; once counts) ends the request it
+    was given to, before it starts or while it is in flight, where no one waits for its
+    answer any more.  A transport that can end a request in flight says how with
+    ``on_cancel(hook)`` (the hook runs at once if it is cancelled already); every request
+    checks ``check()`` before it starts."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.cancelled = False
+        self._hooks: list = []
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self.cancelled = True
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def on_cancel(self, hook) -> None:
+        with self._lock:
+            if not self.cancelled:
+                self._hooks.append(hook)
+                return
+        hook()
+
+    def check(self) -> None:
+        if self.cancelled:
+            raise FetchError("cancelled", "no one waits for it any more")
 
 
 def status_error(status: int, hint_401: str = "") -> FetchError:
@@ -158,9 +191,12 @@ class Transport:
         """(size, version, first bytes, mtime) of a file, in one request where possible."""
         raise NotImplementedError
 
-    def fetch(self, path: str, start: int, end: int, version: str | None, timeout: float):
+    def fetch(self, path: str, start: int, end: int, version: str | None, timeout: float,
+              cancel: Cancel | None = None):
         """Exactly the bytes ``[start, end)`` of ``path`` at ``version``: ``bytes`` or the
-        library's own buffer (anything with the buffer protocol), never copied again here."""
+        library's own buffer (anything with the buffer protocol), never copied again here.
+        ``cancel``: ends the request where no one waits for it any more (FetchError
+        "cancelled"); a transport that cannot end one in flight checks it before it starts."""
         raise NotImplementedError
 
     def kind(self, path: str) -> str | None:

@@ -157,14 +157,14 @@ class CloudTransport(Transport):
         return (meta["size"], version, body,
                 modified.timestamp() if modified is not None else None)
 
-    def fetch(self, path, start, end, version, timeout):
+    def fetch(self, path, start, end, version, timeout, cancel=None):
         if end <= start:
             return b""
         bucket, key = self._bucket_key(path)
         etag = self._etags.get(path)
         body, meta = get_exact(self._store(bucket), key, start, end, timeout=timeout,
                                if_match=etag, version=self._versions.get(path),
-                               where=self._where())
+                               where=self._where(), cancel=cancel)
         if etag and meta.get("e_tag") not in (None, etag):
             raise FetchError("version", f"the object changed: ETag {meta.get('e_tag')} is not "
                              f"{etag}, the one pinned at mount")

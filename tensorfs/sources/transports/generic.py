@@ -74,9 +74,11 @@ class FsspecTransport(Transport):
                            max(0.1, deadline - time.monotonic())) if size else b""
         return size, version, first, _mtime_of(info)
 
-    def fetch(self, path, start, end, version, timeout):
+    def fetch(self, path, start, end, version, timeout, cancel=None):
         if end <= start:
             return b""
+        if cancel is not None:          # fsspec's call cannot be ended in flight
+            cancel.check()
         return exact(self._call(self.fs.cat_file, self._path(path), start=start, end=end,
                                 timeout=timeout), start, end)
 

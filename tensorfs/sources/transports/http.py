@@ -129,14 +129,14 @@ class HttpTransport(Transport):
         return (meta["size"], meta.get("e_tag"), body,
                 modified.timestamp() if modified is not None else None)
 
-    def fetch(self, path, start, end, version, timeout):
+    def fetch(self, path, start, end, version, timeout, cancel=None):
         if end <= start:
             return b""
         etag = version if self.etag_checked else None
         store, relative = self._store(path)
         body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
-                               hint_401=self.hint_401, where=self._where(path))
+                               hint_401=self.hint_401, where=self._where(path), cancel=cancel)
         if etag and meta.get("e_tag") != etag:
             raise FetchError("version", f"the file changed: ETag {meta.get('e_tag')} is not "
                              f"{etag}, the one pinned at mount")

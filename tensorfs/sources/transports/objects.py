@@ -12,6 +12,9 @@ this module adds to its ``get``:
   docs/benchmarks.md "Wire speed"); one more step of the stream must then find its end.  A body in a
   ``Content-Encoding`` other than identity is refused (reqwest here does not decode one, so
   its bytes would not be the file's);
+- **an off switch**: a request given a ``Cancel`` (the daemon's block fetches) runs through
+  obstore's async API on one event loop thread, so that cancelling it drops the request in
+  flight and its connection closes (the blocking call cannot be ended from another thread);
 - **no retries of its own** (``max_retries`` 0): ``tensorfs.sources.remote`` retries, within the
   read's deadline, and each request is bounded by the store's ``timeout`` (``--timeout``);
 - **one classification** of obstore's errors into ``FetchError``, from the exception class
@@ -21,6 +24,7 @@ this module adds to its ``get``:
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import json
 import os
@@ -107,6 +111,8 @@ def serve_here() -> None:
 
 
 def _make_stores(specs: list) -> None:
+    import asyncio  # noqa: F401  (the cancellable requests' loops, warmed here: ~30 ms)
+
     for spec in specs:
         try:
             _store(spec)
@@ -293,8 +299,31 @@ def get_exact(spec: tuple, path: str, start: int, end: int, *, timeout: float, *
     """(body, meta) of ``[start, end)`` of ``path`` in the store ``spec`` names (``end``
     past the object's end: up to its end, when ``probe``).  ``body`` is ``bytes`` of exactly
     the range's length.  Keywords: ``if_match``, ``version``, ``hint_401``, ``probe``,
-    ``where``."""
+    ``where``, ``cancel`` (a ``tensorfs.sources.transports.base.Cancel``: in this process
+    only, not through the helper)."""
+    if not _direct:
+        kwargs.pop("cancel", None)
     return _run(_get_exact, spec, path, start, end, timeout=timeout, **kwargs)
+
+
+_loop = None
+_loop_pid = 0
+
+
+def _event_loop():
+    """The event loop thread of the requests that may be cancelled: one per process (made
+    again after a fork), so that they cost two sockets (its wake-up pair), not two per
+    fetch thread."""
+    import asyncio  # in the daemon only, and warmed there (_make_stores): ~30 ms
+
+    global _loop, _loop_pid
+    with _helper_lock:
+        if _loop is None or _loop_pid != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="tensorfs-requests",
+                             daemon=True).start()
+            _loop, _loop_pid = loop, os.getpid()
+        return _loop
 
 
 def _timeout_text(spec: tuple) -> str:
@@ -315,7 +344,7 @@ def listing(spec: tuple, prefix: str, *, timeout: float, where: str = "") -> dic
 
 
 def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401="", probe=False,
-               where=""):
+               where="", cancel=None):
     import obstore as obs  # the remote extra: a URL's mount only
 
     options: dict = {"range": (start, end)}
@@ -324,27 +353,63 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
     if version:
         options["version"] = version
     try:
+        if cancel is not None:
+            cancel.check()
+            import asyncio  # imported already (_event_loop)
+
+            running = asyncio.run_coroutine_threadsafe(
+                _get_cancellable(spec, path, start, end, options, probe), _event_loop())
+            cancel.on_cancel(running.cancel)
+            try:
+                return running.result()
+            except concurrent.futures.CancelledError:
+                raise FetchError("cancelled", "no one waits for it any more") from None
         result = obs.get(_store(spec), path, options=options)
-        got_start, got_end = result.range
-        if got_start != start or got_end > end or (got_end != end and not probe):
-            raise FetchError("http", f"an answer for bytes {got_start}-{got_end} to a read of "
-                             f"{start}-{end}", transient=True)
-        encoding = (result.attributes.get("Content-Encoding") or "").strip().lower()
-        if encoding not in ("", "identity"):
-            raise FetchError("encoding", f"the server sent the bytes encoded ({encoding}) "
-                             f"although asked for them as they are (Accept-Encoding: identity)")
-        want = got_end - got_start
+        want = _range_checked(result, start, end, probe)
         if want == 0:
             return b"", result.meta
         stream = result.stream(min_chunk_size=want)
         body = next(stream, b"")
         if len(body) == want and next(stream, None) is not None:
             body = body + b"?"              # more than asked: refused below
-        return exact(body, got_start, got_end), result.meta
+        return exact(body, start, start + want), result.meta
     except FetchError:
         raise
     except Exception as error:          # any exception: classified, or raised as it is
         raise classify(error, hint_401, where, _timeout_text(spec)) from None
+
+
+async def _get_cancellable(spec, path, start, end, options, probe):
+    """``_get_exact``'s request through obstore's async API: a cancelled task drops it, and
+    once nothing here holds the answer's stream, obstore drops its connection."""
+    import obstore as obs  # the remote extra: a URL's mount only
+
+    result = stream = None
+    try:
+        result = await obs.get_async(_store(spec), path, options=options)
+        want = _range_checked(result, start, end, probe)
+        if want == 0:
+            return b"", result.meta
+        # one step: a chunk of at least want + 1 bytes unless the body ends first, so a
+        # body longer than asked comes back longer (refused by exact), bounded all the same
+        stream = result.stream(min_chunk_size=want + 1)
+        body = await anext(stream, b"")
+        return exact(body, start, start + want), result.meta
+    finally:
+        result = stream = None          # a cancelled task's frame is kept: let go of them
+
+
+def _range_checked(result, start: int, end: int, probe: bool) -> int:
+    """How many bytes the answer holds, once its range and encoding are the ones asked for."""
+    got_start, got_end = result.range
+    if got_start != start or got_end > end or (got_end != end and not probe):
+        raise FetchError("http", f"an answer for bytes {got_start}-{got_end} to a read of "
+                         f"{start}-{end}", transient=True)
+    encoding = (result.attributes.get("Content-Encoding") or "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise FetchError("encoding", f"the server sent the bytes encoded ({encoding}) "
+                         f"although asked for them as they are (Accept-Encoding: identity)")
+    return got_end - got_start
 
 
 def _head(spec, path, hint_401, where) -> dict:

@@ -1,0 +1,150 @@
+"""Reads of a remote model that wait without holding a thread (docs/remote.md, "Reads that
+wait"): a read whose bytes are on their way is kept by the daemon, not by one of libfuse's
+threads, so that other requests are answered meanwhile; a reader killed while its read
+waits ends the fetch made for it (the server sees the connection close), long before
+``--timeout``, and the same bytes read later are right.  A fault proxy in front of nginx
+holds the answers (``stall``) and says when a client leaves."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.processes import alive, daemon_pid
+
+MiB = 1 << 20
+TIMEOUT = "120"                     # --timeout: far above every bound the tests wait for
+BOUND_S = 20                        # what a test waits for the daemon to act, at most
+SLOW_READERS = 12                   # more than libfuse's ten threads
+
+
+@pytest.fixture(scope="module")
+def wide(nginx, tmp_path_factory) -> Path:
+    """One 64 MiB tensor (its bytes random), served by the session's nginx."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path_factory.mktemp("wide") / "wide.safetensors"
+    rng = np.random.default_rng(11)
+    save_file({"w": rng.integers(0, 255, 64 * MiB, dtype=np.uint8)}, str(path))
+    nginx.put("files/wide/wide.safetensors", path)
+    return path
+
+
+def _until(predicate, bound: float = BOUND_S) -> bool:
+    deadline = time.monotonic() + bound
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
+
+
+def _stalled(p) -> list:
+    return [entry for entry in p.log if entry[3] == "stall"]
+
+
+def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    whole = mnt / "files" / "wide.safetensors"
+    p.push("stall")
+    reader = subprocess.Popen(["cat", str(whole)], stdout=subprocess.DEVNULL)
+    try:
+        assert _until(lambda: _stalled(p)), p.log
+        reader.kill()
+        reader.wait(BOUND_S)
+        # the fetch made for the killed reader ends: its connection closes
+        assert _until(lambda: p.left), (p.log, p.left)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert alive(daemon_pid(mnt))
+    requests = len(p.log)
+    time.sleep(1)
+    assert len(p.log) == requests, p.log[requests:]        # and nothing more is asked for it
+    subprocess.run(["cmp", str(whole), str(wide)], check=True)
+
+
+def test_a_killed_sequential_reader_ends_its_read_ahead(nginx, proxy, wide, rmount):
+    """A reader far enough into a file to get read-ahead, then every request held: once it
+    is killed, the connection of every held request closes, read-ahead's included."""
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    p.push(*["pass"] * 4, *["stall"] * 40)
+    reader = subprocess.Popen(["cat", str(mnt / "files" / "wide.safetensors")],
+                              stdout=subprocess.DEVNULL)
+    try:
+        assert _until(lambda: len(_stalled(p)) >= 2), p.log
+        time.sleep(1)                   # every request of the reader made by now
+        reader.kill()
+        reader.wait(BOUND_S)
+        assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    finally:
+        reader.kill()
+        reader.wait()
+    p.clear()
+    assert alive(daemon_pid(mnt))
+    subprocess.run(["cmp", str(mnt / "files" / "wide.safetensors"), str(wide)], check=True)
+
+
+def test_a_killed_dd_of_a_tensor_ends_its_fetch(nginx, proxy, wide, rmount):
+    """The same through a tensor's raw file, its .npy (a plain view of its bytes) and an
+    O_DIRECT read (which the kernel does not interrupt either)."""
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    for name, skip, flags in (("w", 8, []), ("w.npy", 16, []), ("w", 24, ["iflag=direct"])):
+        path = next(q for q in mnt.rglob(name) if q.is_file())
+        p.left.clear()
+        p.push("stall")
+        reader = subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=1M", f"skip={skip}",
+                                   *flags], stderr=subprocess.DEVNULL)
+        try:
+            assert _until(lambda: _stalled(p)), p.log
+            reader.kill()
+            reader.wait(BOUND_S)
+            assert _until(lambda: p.left), (name, flags, p.log, p.left)
+        finally:
+            reader.kill()
+            reader.wait()
+        p.log.clear()
+    assert alive(daemon_pid(mnt))
+    import safetensors.numpy
+
+    expected = safetensors.numpy.load_file(str(wide))["w"]
+    raw = next(q for q in mnt.rglob("w") if q.is_file())
+    assert raw.read_bytes() == expected.tobytes()
+    assert np.array_equal(np.load(next(q for q in mnt.rglob("w.npy"))), expected)
+
+
+def test_reads_that_wait_hold_no_thread(nginx, proxy, wide, rmount, tmp_path):
+    """More slow readers than libfuse has threads, each waiting on a request the server
+    holds: a listing, a stat, metadata.json and the model's header are answered meanwhile."""
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    whole = mnt / "files" / "wide.safetensors"
+    p.push(*["stall"] * SLOW_READERS)
+    readers = [subprocess.Popen(["dd", f"if={whole}", "of=/dev/null", "bs=4k", "count=1",
+                                 f"skip={(4 * i + 2) * 256}"], stderr=subprocess.DEVNULL)
+               for i in range(SLOW_READERS)]
+    try:
+        assert _until(lambda: len(_stalled(p)) == SLOW_READERS), p.log
+        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json && "
+                               f"head -c 8 {whole} | od -A n -t u8"],
+                              capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stderr
+        header = wide.read_bytes()[:8]
+        assert done.stdout.split()[-1] == str(int.from_bytes(header, "little"))
+        assert all(reader.poll() is None for reader in readers)     # still waiting
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    assert _until(lambda: len(p.left) == SLOW_READERS), p.left
+    assert alive(daemon_pid(mnt))
+    with open(whole, "rb") as f:
+        f.seek(10 * MiB)
+        assert f.read(MiB) == wide.read_bytes()[10 * MiB:11 * MiB]
+    assert os.stat(whole).st_size == wide.stat().st_size
