@@ -121,6 +121,11 @@ class FuseBufvec(ctypes.Structure):
                 ("buf", FuseBuf * 1)]
 
 
+class ForgetData(ctypes.Structure):
+    """struct fuse_forget_data: one inode of a FORGET of several."""
+    _fields_ = [("ino", ctypes.c_uint64), ("nlookup", ctypes.c_uint64)]
+
+
 class FuseCtx(ctypes.Structure):
     """struct fuse_ctx: who sent a request."""
     _fields_ = [("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32), ("pid", ctypes.c_int32),
@@ -150,6 +155,9 @@ INTERRUPT_FUNC = ctypes.CFUNCTYPE(None, req_t, ctypes.c_void_p)
 CALLBACK_TYPES = {
     "init": ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ConnInfo)),
     "lookup": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_char_p),
+    # the kernel lets go of lookups of an inode (nlookup of them; several inodes at once)
+    "forget": ctypes.CFUNCTYPE(None, req_t, ino_t, ctypes.c_uint64),
+    "forget_multi": ctypes.CFUNCTYPE(None, req_t, ctypes.c_size_t, ctypes.c_void_p),
     "getattr": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
     "open": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),
     "opendir": ctypes.CFUNCTYPE(None, req_t, ino_t, fi_p),

@@ -80,6 +80,7 @@ def _load():
     if hasattr(lib, "fuse_unset_feature_flag"):          # 3.17.3 on (an inline before)
         fn("fuse_unset_feature_flag", None, ctypes.POINTER(ConnInfo), ctypes.c_uint64)
     fn("fuse_reply_err", ctypes.c_int, P, ctypes.c_int)
+    fn("fuse_reply_none", None, P)
     fn("fuse_reply_entry", ctypes.c_int, P, ctypes.POINTER(EntryParam))
     fn("fuse_reply_attr", ctypes.c_int, P, ctypes.POINTER(Stat), ctypes.c_double)
     fn("fuse_reply_buf", ctypes.c_int, P, P, sz)

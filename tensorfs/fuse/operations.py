@@ -211,6 +211,11 @@ class Operations:
         flags): EEXIST, EXDEV, EPERM, EINVAL where it cannot."""
         raise FsError(errno.EROFS)
 
+    def forget(self, ino: int) -> None:
+        """The kernel holds ``ino`` no more (an editable mount's: every lookup of it was
+        forgotten, FUSE_FORGET): no request names it again until a lookup answers it anew.
+        ``Session.kernel_holds(ino)`` says whether it still may."""
+
     def setxattr(self, ino: int, name: str, value: bytes) -> None:
         """Set the extended attribute ``name`` of ``ino`` (FUSE_SETXATTR): EPERM for a
         ``user.`` name it does not take, EOPNOTSUPP for another namespace."""

@@ -50,6 +50,7 @@ from tensorfs.fuse.abi import (
     ROOT_INO,
     EntryParam,
     FileInfo,
+    ForgetData,
     FuseArgs,
     FuseBufvec,
     LoopConfig32,
@@ -152,6 +153,11 @@ class Session:
         self._waits_ended = False
         self._on_interrupt = INTERRUPT_FUNC(self._interrupted)     # kept: libfuse calls it
         self.requesters = Requesters()          # the callers of those requests, watched
+        # An editable mount's inodes the kernel holds: ino -> its lookups not yet forgotten
+        # (each entry answered counts one; FORGET takes them back).  A version of files/
+        # or metadata.json replaced by an edit is kept while the kernel holds it.
+        self._lookups: dict[int, int] = {}
+        self._lookups_lock = threading.Lock()
 
     # -- filling the C structures -------------------------------------------------------------
     def _fill_stat(self, st, entry: Entry) -> None:
@@ -309,7 +315,9 @@ class Session:
             e.entry_timeout = self.negative_timeout
             self.lib.fuse_reply_entry(req, e)
             return
-        self.lib.fuse_reply_entry(req, self._entry_param(entry))
+        self._looked_up(entry.ino)
+        if self.lib.fuse_reply_entry(req, self._entry_param(entry)) != 0:
+            self._forgotten(entry.ino, 1)       # the caller is gone: the kernel took none
 
     def _getattr(self, req, ino, fi):
         st = Stat()
@@ -410,6 +418,7 @@ class Session:
         st, e = Stat(), EntryParam()
         e.attr_timeout, e.entry_timeout = self.attr_timeout, self.entry_timeout
         add_plus, add = self.lib.fuse_add_direntry_plus, self.lib.fuse_add_direntry
+        counted: list[int] = []         # entries with attributes: a lookup each (not . and ..)
         for index in range(offset, len(entries) + 2):
             if index < 2:
                 name, entry = _DOTS[index]
@@ -431,7 +440,13 @@ class Session:
             if n > size - used:
                 break
             used += n
-        self.lib.fuse_reply_buf(req, buf, used)
+            if plus and e.ino and index >= 2 and self.editable:
+                counted.append(entry.ino)
+        for counted_ino in counted:
+            self._looked_up(counted_ino)
+        if self.lib.fuse_reply_buf(req, buf, used) != 0:
+            for counted_ino in counted:
+                self._forgotten(counted_ino, 1)
 
     def _readdirplus(self, req, ino, size, offset, fi):
         self._readdir(req, ino, size, offset, fi, plus=True)
@@ -536,6 +551,49 @@ class Session:
         self._reply_sized(req, b"".join(n.encode() + b"\0" for n in names), size)
 
     # -- an editable mount (--edits) ------------------------------------------------------------
+    # The kernel's lookups of an editable mount's inodes: counted from each entry answered
+    # (LOOKUP, CREATE, an entry of READDIRPLUS with attributes), taken back by FORGET.  A
+    # read-only mount's tree never changes: libfuse answers its FORGETs (no slot set).
+    def _looked_up(self, ino: int) -> None:
+        if self.editable and ino:
+            with self._lookups_lock:
+                self._lookups[ino] = self._lookups.get(ino, 0) + 1
+
+    def _forgotten(self, ino: int, nlookup: int) -> None:
+        with self._lookups_lock:
+            left = self._lookups.get(ino, 0) - nlookup
+            if left > 0:
+                self._lookups[ino] = left
+                return
+            self._lookups.pop(ino, None)
+        log.debug("inode %d: forgotten by the kernel", ino)
+        self.fs.forget(ino)
+
+    def kernel_holds(self, ino: int) -> bool:
+        """Whether the kernel may still send requests for ``ino`` (an editable mount's: it
+        has lookups of it not yet forgotten)."""
+        with self._lookups_lock:
+            return ino in self._lookups
+
+    def _forget(self, req, ino, nlookup) -> None:
+        """FORGET: no answer but ``fuse_reply_none``, whatever happens."""
+        try:
+            self._forgotten(ino, nlookup)
+        except Exception:                       # called by libfuse: nothing above to raise to
+            log.exception("a FORGET of inode %d could not be taken", ino)
+        finally:
+            self.lib.fuse_reply_none(req)
+
+    def _forget_multi(self, req, count, forgets) -> None:
+        try:
+            items = ctypes.cast(forgets, ctypes.POINTER(ForgetData))
+            for i in range(count):
+                self._forgotten(items[i].ino, items[i].nlookup)
+        except Exception:                       # as _forget
+            log.exception("a FORGET of %d inodes could not be taken", count)
+        finally:
+            self.lib.fuse_reply_none(req)
+
     def _edit_handlers(self) -> dict:
         """Opens with a handle (a reader's snapshot, a writer's buffer), reads through it, and
         the calls that change the tree.  Every change is checked against the mount's owner:
@@ -546,7 +604,8 @@ class Session:
                 "release": g(self._release),
                 "create": g(self._create), "setattr": g(self._setattr),
                 "unlink": g(self._unlink), "rmdir": g(self._rmdir), "rename": g(self._rename),
-                "setxattr": g(self._setxattr)}
+                "setxattr": g(self._setxattr),
+                "forget": self._forget, "forget_multi": self._forget_multi}
 
     def invalidate(self, inodes) -> None:
         """Tell the kernel to drop the attributes and cached pages (a directory's: its
@@ -629,7 +688,9 @@ class Session:
         info = ctypes.cast(fi, ctypes.POINTER(FileInfo)).contents
         info.fh = fh
         info._bits &= ~(FI_KEEP_CACHE | FI_NOFLUSH)
-        self.lib.fuse_reply_create(req, self._entry_param(entry), fi)
+        self._looked_up(entry.ino)
+        if self.lib.fuse_reply_create(req, self._entry_param(entry), fi) != 0:
+            self._forgotten(entry.ino, 1)
 
     def _setattr(self, req, ino, attr, to_set, fi):
         if to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID):

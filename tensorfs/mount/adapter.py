@@ -76,6 +76,10 @@ class TensorFS(Operations):
         if self.invalidate is not None:
             self.invalidate([node.ino for node in nodes])
 
+    def forget(self, ino: int) -> None:
+        if self.editor is not None:
+            self.editor.kernel_forgot(ino)
+
     # -- the one errno mapping -----------------------------------------------------------------
     def errno_of(self, exc: BaseException) -> int:
         if isinstance(exc, SourceError):
@@ -333,4 +337,6 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
                       attr_timeout=timeouts[0], entry_timeout=timeouts[1],
                       negative_timeout=timeouts[2], editable=editor is not None)
     fs.invalidate = session.invalidate
+    if editor is not None:
+        editor.kernel_holds = session.kernel_holds
     session.serve(mountpoint, options, on_ready=on_ready, on_stop=on_stop)

@@ -138,6 +138,9 @@ class Editor:
         self._writers: dict[int, WriteHandle] = {}      # inode -> its write session
         self._readers: dict[int, int] = {}      # a version of files/ -> its open readers
         self._old: dict[int, None] = {}         # versions of files/ no longer current, oldest first
+        # Whether the kernel may still name an inode (the session's count of its lookups):
+        # an old version it holds is kept, so that an open of it is never ENOENT
+        self.kernel_holds: Callable[[int], bool] = lambda ino: False
         self._scratch: dict[int, Scratch] = {}      # a scratch file's inode -> it
         # name -> type of a key removed or renamed to a scratch name: a file made again under
         # that name is read in that type (mv from another file system: unlink, then create;
@@ -460,10 +463,18 @@ class Editor:
                 del self._readers[ino]
                 self._forget_old()
 
+    def kernel_forgot(self, ino: int) -> None:
+        """The kernel let go of ``ino``: an old version no reader holds may go now."""
+        with self.lock:
+            if ino in self._old:
+                self._forget_old()
+
     def _forget_old(self) -> None:
-        """Forget the versions of files/ that no reader holds, but the last
-        ``OLD_VERSIONS_KEPT`` of them."""
-        unread = [ino for ino in self._old if not self._readers.get(ino)]
+        """Forget the versions of files/ and metadata.json that no reader and not the
+        kernel holds (a name it looked up, an O_PATH descriptor, a cwd: an open of it may
+        come), but the last ``OLD_VERSIONS_KEPT`` of them (a lookup being answered)."""
+        unread = [ino for ino in self._old
+                  if not self._readers.get(ino) and not self.kernel_holds(ino)]
         for ino in unread[:max(0, len(unread) - OLD_VERSIONS_KEPT)]:
             del self._old[ino]
             self.tree.forget(ino)

@@ -712,6 +712,29 @@ def test_a_remote_model_edited_its_bytes_through_the_block_cache(tmp_path, llama
         nginx.stop()
 
 
+def test_a_version_the_kernel_holds_outlives_any_number_of_edits(tmp_path, llama_model, mount):
+    """metadata.json and files/ are a new inode at each edit; one the kernel still holds (a
+    path just looked up, an O_PATH descriptor, a cwd) is kept however many edits follow, so
+    that its open reads that version whole, never ENOENT (a reader racing a burst of edits
+    got ENOENT once 16 versions had passed between its lookup and its open)."""
+    mnt = mount(llama_model, "--edits", tmp_path / "fixes")
+    held = {name: os.open(mnt / name, os.O_PATH)
+            for name in ("metadata.json", "files/model.gguf")}
+    before = {name: (mnt / name).read_bytes() for name in held}
+    try:
+        for i in range(40):
+            (mnt / "metadata" / "general.name").write_text(f"edited {i}\n")
+        for name, fd in held.items():
+            assert os.fstat(fd).st_size == len(before[name]), name
+            with open(f"/proc/self/fd/{fd}", "rb") as f:    # an OPEN of the held inode
+                assert f.read() == before[name], name
+        assert json.loads((mnt / "metadata.json").read_text())["metadata"]["general.name"] \
+            == "edited 39"
+    finally:
+        for fd in held.values():
+            os.close(fd)
+
+
 @pytest.mark.slow
 def test_concurrent_edits_and_reads(tmp_path, llama_model, mount):
     """Writers of several keys and a tensor, readers of files/, metadata.json and the
@@ -755,7 +778,7 @@ def test_concurrent_edits_and_reads(tmp_path, llama_model, mount):
     stop.set()
     for t in readers:
         t.join()
-    assert errors == []
+    assert errors == [], [str(e) for e in errors]
     fields = gguf_fields(mnt / "files" / "model.gguf")
     assert [fields[k][0] for k in ("general.name", "my.a", "my.b")] == \
         ["general.name 19", "my.a 19", "my.b 19"]
