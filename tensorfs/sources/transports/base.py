@@ -53,8 +53,9 @@ class Cancel:
     """A request's off switch: ``cancel()`` (any thread; once counts) ends the request it
     was given to, before it starts or while it is in flight, where no one waits for its
     answer any more.  A transport that can end a request in flight says how with
-    ``on_cancel(hook)`` (the hook runs at once if it is cancelled already); every request
-    checks ``check()`` before it starts."""
+    ``on_cancel(hook)`` (the hook runs at once if it is cancelled already); ``check()``
+    before each try of a request (``RemoteSource._retry``) drops one cancelled before it
+    starts."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -195,8 +196,10 @@ class Transport:
               cancel: Cancel | None = None):
         """Exactly the bytes ``[start, end)`` of ``path`` at ``version``: ``bytes`` or the
         library's own buffer (anything with the buffer protocol), never copied again here.
-        ``cancel``: ends the request where no one waits for it any more (FetchError
-        "cancelled"); a transport that cannot end one in flight checks it before it starts."""
+        ``cancel``: ends the request in flight where the transport can (FetchError
+        "cancelled") once no one waits for it any more; the caller
+        (``RemoteSource._retry``) checks it before each try, so one that cannot (fsspec's
+        call) runs to its end only if cancelled while in flight."""
         raise NotImplementedError
 
     def kind(self, path: str) -> str | None:

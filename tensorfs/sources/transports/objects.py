@@ -354,7 +354,6 @@ def _get_exact(spec, path, start, end, *, if_match=None, version=None, hint_401=
         options["version"] = version
     try:
         if cancel is not None:
-            cancel.check()
             import asyncio  # imported already (_event_loop)
 
             running = asyncio.run_coroutine_threadsafe(
