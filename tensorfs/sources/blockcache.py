@@ -209,11 +209,8 @@ class BlockReader:
         file of files/: all of it); by default the tensor the read falls in."""
         if len(buf) <= 0:
             return 0
-        parts = self._plan(offset, len(buf), deadline, span)
-        try:
-            return self._copy(parts, offset, buf, deadline)
-        finally:
-            self._release(_futures(parts), cancel=False)
+        return self._copy_and_release(self._plan(offset, len(buf), deadline, span), offset,
+                                      buf, deadline)
 
     def read_or_wait(self, offset: int, buf, deadline: float,
                      span: tuple[int, int] | None = None,
@@ -227,10 +224,7 @@ class BlockReader:
         parts = self._plan(offset, len(buf), deadline, span)
         futures = _futures(parts)
         if all(future.done() for future in futures):
-            try:
-                return self._copy(parts, offset, buf, deadline)
-            finally:
-                self._release(futures, cancel=False)
+            return self._copy_and_release(parts, offset, buf, deadline)
         return _Waiting(self, parts, offset, buf, deadline, futures, failed,
                         (offset + len(buf) - 1) // self.block).future
 
@@ -252,6 +246,13 @@ class BlockReader:
         blocks = self._blocks(lo, hi, deadline, needed=(first, last))
         return [[index * self.block, index * self.block + self._block_len(index), blocks[index],
                  index] for index in range(first, last + 1)]
+
+    def _copy_and_release(self, parts: list[list], offset: int, buf, deadline: float) -> int:
+        """``_copy``, then the parts let go of (``_release``)."""
+        try:
+            return self._copy(parts, offset, buf, deadline)
+        finally:
+            self._release(_futures(parts), cancel=False)
 
     def _copy(self, parts: list[list], offset: int, buf, deadline: float) -> int:
         """Copy the parts into ``buf`` (waiting for those on their way)."""
