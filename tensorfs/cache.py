@@ -73,8 +73,14 @@ class ByteLRU:
             return self._lru.pop(key, None)
 
     def peek(self, key: Hashable) -> bool:
+        """Whether ``key`` is kept or being computed."""
         with self._mutex:
             return key in self._lru or key in self._in_flight
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether ``key`` is kept (a ``get`` of it returns at once)."""
+        with self._mutex:
+            return key in self._lru
 
     @property
     def current_bytes(self) -> int:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:          # annotations only: numpy is imported where it is use
 
 from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
-from tensorfs.convert.blocks import read_converted
+from tensorfs.convert.blocks import Readable, read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
 from tensorfs.sources.source import Source
 from tensorfs.views.base import View, _clip, _copy_into, added
@@ -465,30 +465,32 @@ class ConvertedView(View):
         self.stream = budget.stream if conversion.costly else None
 
     # -- conversion of whole blocks -------------------------------------------------------
-    def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray) -> None:
+    def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray,
+                      stored: Readable) -> None:
         length = n_blocks * self.conversion.block_bytes
         from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
             raw = np.frombuffer(scratch, dtype=np.uint8, count=length)
-            read_converted(self.source, self.offset, self.conversion, first_block, n_blocks,
+            read_converted(stored, self.offset, self.conversion, first_block, n_blocks,
                            out, raw)
             del raw
         finally:
             if len(scratch) == CHUNK_OUTPUT_BYTES:
                 _SCRATCH.give(scratch)
 
-    def _convert_chunk(self, index: int):
+    def _convert_chunk(self, index: int, stored: Readable):
         """Chunk ``index``: a worker's (a ``tensorfs.convert.workers.PoolChunk``) when the pool has
-        one ready and a slot free, else converted here into a recycled buffer."""
+        one ready and a slot free, else converted here into a recycled buffer; its stored
+        bytes read from ``stored``."""
         blocks_per_chunk = self.chunk_out // self.block_out
         first = index * blocks_per_chunk
         count = min(blocks_per_chunk, self.size // self.block_out - first)
         if self.pool is not None:
             start = self.offset + first * self.conversion.block_bytes
             chunk = self.pool.convert(self.conversion,
-                                      lambda buf: self.source.read_into(start, buf),
+                                      lambda buf: stored.read_into(start, buf),
                                       count * self.conversion.block_bytes,
                                       count * self.block_out, work=self.size)
             if chunk is not None:
@@ -496,14 +498,16 @@ class ConvertedView(View):
         from tensorfs.runtime.libraries import np  # at first use, not with a mount
 
         chunk = _Chunk(count * self.block_out)
-        self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32))
+        self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32), stored)
         return chunk
 
-    def _chunk(self, index: int, sequential: bool = False) -> _Chunk:
+    def _chunk(self, index: int, sequential: bool = False, stored: Readable | None = None
+               ) -> _Chunk:
         key = (self.key, index)
+        source = stored or self.source
         if sequential or self.stream.peek(key):
-            return self.stream.get(key, lambda: self._convert_chunk(index))
-        return self.cache.get(key, lambda: self._convert_chunk(index))
+            return self.stream.get(key, lambda: self._convert_chunk(index, source))
+        return self.cache.get(key, lambda: self._convert_chunk(index, source))
 
     # -- reads ----------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:
@@ -513,6 +517,70 @@ class ConvertedView(View):
         return bytes(out[:n])
 
     def read_into(self, offset: int, buf: memoryview) -> int:
+        return self._read(offset, buf, self.source)
+
+    def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
+        """``read_into``; or, where the stored bytes it converts are on their way (a remote
+        tensor's), a ``Future`` of the count: the bytes are fetched without a thread
+        (``Source.read_or_wait``), then converted by one of the conversion threads into
+        ``buf``.  Cancelling it before they came stops the fetches no other read waits for.
+        A chunk another read is converting is waited for in a conversion thread too."""
+        offset, size = _clip(offset, len(buf), self.size)
+        if size == 0 or not self.source.remote:
+            return self._read(offset, buf, self.source)
+        end = offset + size
+        if self.conversion.costly:
+            first, last = offset // self.chunk_out, (end - 1) // self.chunk_out
+            keys = [(self.key, index) for index in range(first, last + 1)]
+            if all(self.stream.holds(key) or self.cache.holds(key) for key in keys):
+                return self._read(offset, buf, self.source)
+            if any(self.stream.peek(key) or self.cache.peek(key) for key in keys):
+                # being converted by another read (read-ahead): its fetch is under way
+                return _converting().submit(self._read, offset, buf, self.source)
+            blocks_per_chunk = self.chunk_out // self.block_out
+            first_block = first * blocks_per_chunk
+            last_block = min((last + 1) * blocks_per_chunk, self.size // self.block_out)
+        else:
+            first_block = offset // self.block_out
+            last_block = (end + self.block_out - 1) // self.block_out
+        start = self.offset + first_block * self.conversion.block_bytes
+        stored = bytearray((last_block - first_block) * self.conversion.block_bytes)
+        came = self.source.read_or_wait(start, stored)
+        here = _Fetched(self.source, start, stored)
+        if not isinstance(came, Future):
+            return self._read(offset, buf, here)
+        out: Future[int] = Future()
+
+        def convert() -> None:
+            if not out.set_running_or_notify_cancel():
+                return
+            try:
+                out.set_result(self._read(offset, buf, here))
+            except BaseException as error:  # any exception: the read's, as read_into's
+                out.set_exception(error)
+
+        def arrived(done: Future[int]) -> None:
+            if done.cancelled():
+                out.cancel()
+                return
+            error = done.exception()
+            if error is not None:
+                if out.set_running_or_notify_cancel():
+                    out.set_exception(error)
+                return
+            try:
+                _converting().submit(convert)
+            except RuntimeError as error:   # no thread to be had: the read fails, one line
+                if out.set_running_or_notify_cancel():
+                    out.set_exception(OSError(errno.EAGAIN, f"{self.key}: {error}"))
+
+        came.add_done_callback(arrived)
+        out.add_done_callback(lambda o: came.cancel() if o.cancelled() else None)
+        return out
+
+    def _read(self, offset: int, buf: memoryview, stored: Readable) -> int:
+        """``read_into``, the stored bytes read from ``stored`` (the source, or what
+        ``read_or_wait`` fetched of it)."""
         offset, size = _clip(offset, len(buf), self.size)
         if size == 0:
             return 0
@@ -524,10 +592,11 @@ class ConvertedView(View):
             first = offset // bo
             last = (end + bo - 1) // bo
             if offset % bo == 0 and size % bo == 0:         # straight into the reply
-                self._convert_into(first, last - first, np.frombuffer(buf[:size], dtype=np.float32))
+                self._convert_into(first, last - first, np.frombuffer(buf[:size], dtype=np.float32),
+                                   stored)
                 return size
             tmp = bytearray((last - first) * bo)            # unaligned: in-process reads only
-            self._convert_into(first, last - first, np.frombuffer(tmp, dtype=np.float32))
+            self._convert_into(first, last - first, np.frombuffer(tmp, dtype=np.float32), stored)
             skip = offset - first * bo
             buf[:size] = memoryview(tmp)[skip:skip + size]
             return size
@@ -540,7 +609,7 @@ class ConvertedView(View):
         self._last_end = end
         pos = 0
         for index in range(first_chunk, last_chunk + 1):
-            chunk = self._chunk(index, sequential)
+            chunk = self._chunk(index, sequential, stored)
             base = index * self.chunk_out
             lo = max(offset, base) - base
             hi = min(end, base + len(chunk)) - base
@@ -576,8 +645,37 @@ class ConvertedView(View):
 
 
 
+class _Fetched:
+    """The stored bytes a read fetched ahead of its conversion (``ConvertedView.read_or_wait``),
+    read from here; any other range from the source."""
+
+    def __init__(self, source: Source, start: int, data: bytearray):
+        self.source = source
+        self.start = start
+        self.data = data
+
+    def read_into(self, offset: int, buf, span: tuple[int, int] | None = None) -> int:
+        at = offset - self.start
+        n = len(buf)
+        if at < 0 or at + n > len(self.data):
+            return self.source.read_into(offset, buf, span)
+        memoryview(buf).cast("B")[:] = memoryview(self.data)[at:at + n]
+        return n
+
+
 _executors: dict[int, ThreadPoolExecutor] = {}
 _executors_lock = threading.Lock()
+_converting_executor: list[ThreadPoolExecutor] = []
+
+
+def _converting() -> ThreadPoolExecutor:
+    """The threads that convert what reads which waited without a thread fetched
+    (``ConvertedView.read_or_wait``): as many as convert ahead."""
+    with _executors_lock:
+        if not _converting_executor:
+            _converting_executor.append(ThreadPoolExecutor(
+                max_workers=READ_AHEAD_WORKERS, thread_name_prefix="convert"))
+        return _converting_executor[0]
 
 
 def _read_ahead_executor(threads: int) -> ThreadPoolExecutor:

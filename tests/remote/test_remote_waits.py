@@ -46,6 +46,25 @@ def _stalled(p) -> list:
     return [entry for entry in p.log if entry[3] == "stall"]
 
 
+# read(2)'s number, as /proc/PID/syscall shows the call a process is blocked in
+_READ = {"x86_64": 0, "aarch64": 63}[os.uname().machine]
+
+
+def _in_read(pid: int) -> bool:
+    """Whether ``pid`` is blocked in read(2) (dd, on the file it copies)."""
+    try:
+        return Path(f"/proc/{pid}/syscall").read_text().split()[0] == str(_READ)
+    except (OSError, IndexError):
+        return False
+
+
+def _quiet(p, for_s: float = 0.5) -> bool:
+    """Whether the proxy saw no new request for ``for_s`` seconds."""
+    seen = len(p.log)
+    time.sleep(for_s)
+    return len(p.log) == seen
+
+
 def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
@@ -148,3 +167,66 @@ def test_reads_that_wait_hold_no_thread(nginx, proxy, wide, rmount, tmp_path):
         f.seek(10 * MiB)
         assert f.read(MiB) == wide.read_bytes()[10 * MiB:11 * MiB]
     assert os.stat(whole).st_size == wide.stat().st_size
+
+
+@pytest.fixture(scope="module")
+def quantized(nginx, tmp_path_factory) -> Path:
+    """A GGUF of two 12 MiB (as float32) tensors whose .npy views are converted: ``q8``
+    (Q8_0, a block quant: converted in cached chunks) and ``bf`` (BF16: converted per read),
+    served by the session's nginx."""
+    import gguf
+
+    path = tmp_path_factory.mktemp("quantized") / "quantized.gguf"
+    values = np.random.default_rng(12).standard_normal((768, 4096), dtype=np.float32)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    # first, 2 MiB that no test stalls: the file's header is read from files/ meanwhile,
+    # with the kernel's read-ahead after it
+    writer.add_tensor("pad", np.zeros(1 << 19, np.float32))
+    for name, kind in (("q8", gguf.GGMLQuantizationType.Q8_0),
+                       ("bf", gguf.GGMLQuantizationType.BF16)):
+        writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    nginx.put("files/quantized/quantized.gguf", path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["q8", "bf"])
+def test_converted_reads_that_wait_hold_no_thread(nginx, proxy, quantized, rmount, name):
+    """A converted .npy of a remote tensor (a block quant's, BF16's): more slow readers than
+    libfuse has threads wait for its stored bytes while a listing, metadata.json and the
+    file's header are answered; killed, their fetches end; read later, every value is
+    gguf-py's."""
+    import gguf
+
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/quantized/quantized.gguf", "--timeout", TIMEOUT)
+    npy = next(q for q in mnt.rglob(f"{name}.npy") if q.is_file())
+    p.push(*["stall"] * SLOW_READERS)
+    readers = [subprocess.Popen(["dd", f"if={npy}", "of=/dev/null", "bs=4k", "count=1",
+                                 f"skip={i * 256 + 1}"], stderr=subprocess.DEVNULL)
+               for i in range(SLOW_READERS)]       # a MiB apart: no page shared
+    try:
+        # one fetch or several, as the block cache plans them: each held by the server
+        assert _until(lambda: _stalled(p) and all(_in_read(r.pid) for r in readers)), p.log
+        assert _until(lambda: _quiet(p))
+        p.clear()                           # the stalls the readers' fetches did not take
+        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json && "
+                               f"head -c 4 {mnt}/files/quantized.gguf"],
+                              capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.endswith("GGUF")
+        assert all(reader.poll() is None for reader in readers)     # still waiting
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    assert alive(daemon_pid(mnt))
+    stored = next(t for t in gguf.GGUFReader(str(quantized)).tensors if t.name == name)
+    expected = gguf.quants.dequantize(stored.data, stored.tensor_type)
+    got = np.load(npy)
+    assert got.size == expected.size
+    assert np.array_equal(got.ravel(), expected.ravel())
