@@ -218,24 +218,6 @@ def proc_status_kib(pid: int) -> dict:
     return out
 
 
-def worker_pids(pid: int) -> list[int]:
-    """The daemon's conversion worker processes (tensorfs.convert.workers)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    def is_worker(c):
-        try:
-            with open(f"/proc/{c}/cmdline", "rb") as f:
-                return b"tensorfs.convert.workers" in f.read()
-        except OSError:
-            return False
-    return [c for c in found if is_worker(c)]
-
-
 def rss_anon_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -12,9 +12,9 @@ from rows.common import (
     proc_status_kib,
     read_file,
     rss_anon_kib,
-    worker_pids,
 )
 from rows.models import rss_model
+from tests.support.processes import worker_pids
 
 
 def row_rss(b: Bench) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 
-from rows.common import Bench, cpu_seconds, mbps, parallel, pread_range, read_file, worker_pids
+from rows.common import Bench, cpu_seconds, mbps, parallel, pread_range, read_file
 from rows.models import conv_model
+from tests.support.processes import worker_pids
 
 
 def row_workers(b: Bench) -> None:

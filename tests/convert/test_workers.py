@@ -20,6 +20,7 @@ import pytest
 from tests.support import (
     TENSORFS,
     alive,
+    cmdline,
     daemon_pid,
     fuse_mounts_under,
     in_fuse_request,
@@ -27,6 +28,7 @@ from tests.support import (
     safetensors_corpus,
     usage_error,
     wait_for,
+    worker_pids,
 )
 from tests.support.reliability_models import npy_bytes, write_mixed_gguf
 from tests.support.users import needs_users
@@ -42,26 +44,6 @@ def model(tmp_path_factory):
     return path, write_mixed_gguf(path, seed=16, scale=2)
 
 
-def _workers_of(pid: int) -> list[int]:
-    """The daemon's worker processes (its children running tensorfs.convert.workers)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return [c for c in found if b"tensorfs.convert.workers" in _cmdline(c)]
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def _running(pid: int) -> bool:
     """A live process (not a zombie waiting to be reaped) that is still a worker."""
     try:
@@ -69,12 +51,12 @@ def _running(pid: int) -> bool:
             state = f.read().rsplit(b")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state not in (b"Z", b"X") and b"tensorfs.convert.workers" in _cmdline(pid)
+    return state not in (b"Z", b"X") and b"tensorfs.convert.workers" in cmdline(pid)
 
 
 def _wait_workers(pid: int, n: int, exclude=()) -> list[int]:
-    assert wait_for(lambda: len([w for w in _workers_of(pid) if w not in exclude]) >= n, 30)
-    return [w for w in _workers_of(pid) if w not in exclude]
+    assert wait_for(lambda: len([w for w in worker_pids(pid) if w not in exclude]) >= n, 30)
+    return [w for w in worker_pids(pid) if w not in exclude]
 
 
 def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount, tmp_path):
@@ -104,7 +86,7 @@ def test_eight_parallel_readers_with_a_1mib_cache_and_two_workers(model, mount, 
     for _ in range(2):
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(reader, range(8)))
-    assert len(_workers_of(pid)) == 2
+    assert len(worker_pids(pid)) == 2
     assert _rss_shmem_kib(pid) >= 1024       # the chunks were in the shared arena
     for name in CONVERTED:
         assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
@@ -140,7 +122,7 @@ def _pidfd_getfd(pid: int, fd: int) -> int | None:
 
 def _queued_task(worker: int) -> bool | None:
     """Whether a task waits in the worker's socket (None: cannot tell)."""
-    fd = _pidfd_getfd(worker, int(_cmdline(worker).split(b"\0")[4]))
+    fd = _pidfd_getfd(worker, int(cmdline(worker).split(b"\0")[4]))
     if fd is None:
         return None
     try:
@@ -230,7 +212,7 @@ def test_no_worker_starts_without_a_costly_conversion_to_do(model, mount, tmp_pa
     name = "d.q4_k.weight"
     assert np.array_equal(np.load(mnt / (expected[name].path + ".npy")).view(np.uint32),
                           expected[name].values.view(np.uint32))
-    assert _workers_of(daemon_pid(mnt)) == []
+    assert worker_pids(daemon_pid(mnt)) == []
 
     # BF16 is a cheap conversion (in the daemon, straight into the reply): no worker starts
     st_path = tmp_path / "bf16.safetensors"
@@ -238,11 +220,11 @@ def test_no_worker_starts_without_a_costly_conversion_to_do(model, mount, tmp_pa
     logs = [tmp_path / "bf16.log", tmp_path / "listed.log"]
     mnt2 = mount(st_path, "--workers", "2", "--log", logs[0])
     assert np.array_equal(np.load(mnt2 / "t.npy"), np.zeros(4, np.float32))
-    assert _workers_of(daemon_pid(mnt2)) == []
+    assert worker_pids(daemon_pid(mnt2)) == []
     # nor does a mount of quantized tensors that is only listed
     mnt3 = mount(path, "--workers", "2", "--log", logs[1])
     assert sorted(os.listdir(mnt3 / "d" / "q4_k")) == ["weight", "weight.npy"]
-    assert _workers_of(daemon_pid(mnt3)) == []
+    assert worker_pids(daemon_pid(mnt3)) == []
     # not later either: once the daemons are gone their logs are complete, and a pool that
     # started (even after the reads) would have said "conversion workers ready"
     for mnt, log in zip((mnt2, mnt3), logs):
@@ -332,7 +314,7 @@ def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_pa
     mnt = mount(path, "--workers", "2", "--log", str(log))
     pid = daemon_pid(mnt)
     _start_workers(mnt, expected, log)
-    workers = _workers_of(pid)
+    workers = worker_pids(pid)
     q4k = expected["d.q4_k.weight"]
     os.truncate(path, q4k.offset + 1000)           # inside the Q4_K tensor
     for name in CONVERTED:
@@ -345,7 +327,7 @@ def test_a_truncated_model_gives_eio_through_the_workers_and_they_live_on(tmp_pa
             os.close(fd)
     text = log.read_text()
     assert "truncated" in text and "Traceback" not in text and "died" not in text
-    assert sorted(_workers_of(pid)) == sorted(workers)      # the read failed, not a worker
+    assert sorted(worker_pids(pid)) == sorted(workers)      # the read failed, not a worker
 
 
 def test_a_stopped_worker_is_killed_after_the_timeout_and_the_read_fails_not_hangs(model, tmp_path):
@@ -452,7 +434,7 @@ def test_by_default_no_worker_starts_on_one_or_two_cpus(big_model, mount, tmp_pa
         os.sched_setaffinity(0, mine)
     assert wait_for(lambda: "conversions in the daemon's threads" in log.read_text(), 30)
     assert _big_range_ok(mnt, blocks, 4096, 2048)          # 8 MiB of float32, 3 chunks
-    assert _workers_of(daemon_pid(mnt)) == []
+    assert worker_pids(daemon_pid(mnt)) == []
     assert "conversion worker" not in log.read_text()
 
 
@@ -464,8 +446,8 @@ def test_workers_start_ahead_for_costly_work_and_a_read_meanwhile_converts_in_th
                 env={"TENSORFS_WORKER_TIMEOUT_S": "10"})
     pid = daemon_pid(mnt)
     # no read yet: the mount started them, for a model with 128 MiB of Q4_K views
-    workers = wait_for(lambda: (w := _workers_of(pid)) and len(w) == 2 and w, 30, step=0.002)
-    assert workers, _workers_of(pid)
+    workers = wait_for(lambda: (w := worker_pids(pid)) and len(w) == 2 and w, 30, step=0.002)
+    assert workers, worker_pids(pid)
     for w in workers:                   # held in their start-up: never ready meanwhile
         os.kill(w, signal.SIGSTOP)
     try:
@@ -480,7 +462,7 @@ def test_workers_start_ahead_for_costly_work_and_a_read_meanwhile_converts_in_th
             os.kill(w, signal.SIGCONT)
     assert wait_for(lambda: "2 conversion workers ready" in log.read_text(), 30)
     assert _big_range_ok(mnt, blocks, 65536, 4096)         # now through the workers
-    assert sorted(_workers_of(pid)) == sorted(workers)
+    assert sorted(worker_pids(pid)) == sorted(workers)
     assert "died" not in log.read_text() and "did not answer" not in log.read_text()
 
 

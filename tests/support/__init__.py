@@ -15,15 +15,17 @@ from tests.support.mounts import fuse_mounts_under, mount_expecting_refusal, mou
 from tests.support.processes import (
                                      EIO,
                                      alive,
+                                     cmdline,
                                      daemon_pid,
                                      direct_read,
                                      in_fuse_request,
                                      read_errno,
                                      wait_for,
                                      waiting_on_fuse,
+                                     worker_pids,
 )
 
 __all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mount_expecting_refusal",
            "mounts_in", "EIO",
-           "alive", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",
-           "waiting_on_fuse"]
+           "alive", "cmdline", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",
+           "waiting_on_fuse", "worker_pids"]

@@ -103,3 +103,25 @@ def waiting_on_fuse(pid: int) -> bool:
     except OSError:
         return False
     return any(in_fuse_request(int(tid), pid) for tid in tids)
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The conversion worker processes (tensorfs.convert.workers) of the daemon ``pid``: its
+    children, as every one of its threads shows them, whose command line names the module."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return [c for c in found if b"tensorfs.convert.workers" in cmdline(c)]
+
+
+def cmdline(pid: int) -> bytes:
+    """``pid``'s command line (NUL-separated), or b"" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
