@@ -112,6 +112,11 @@ class OpenFile(ABC):
         """The last descriptor and map of this open are gone (FUSE_RELEASE)."""
 
 
+def _within(view: View, offset: int, buf: memoryview) -> memoryview:
+    """The part of ``buf`` a read at ``offset`` of ``view`` fills: none past its end."""
+    return buf[:max(0, min(len(buf), view.size - offset))]
+
+
 class ReadHandle(OpenFile):
     """A file opened for reading.  ``snapshot``: the bytes this open reads for its life (a
     version of a file of files/, ``View.snapshot``), or None: the file as it is at each
@@ -132,13 +137,13 @@ class ReadHandle(OpenFile):
         held = self.snapshot
         if held is None:
             return self.owner.read_now(self.node, offset, buf)
-        return held.read_into(offset, buf[:max(0, min(len(buf), held.size - offset))])
+        return held.read_into(offset, _within(held, offset, buf))
 
     def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
         held = self.snapshot
         if held is None:
-            return self.read_into(offset, buf)
-        return held.read_or_wait(offset, buf[:max(0, min(len(buf), held.size - offset))])
+            return self.owner.read_now(self.node, offset, buf)
+        return held.read_or_wait(offset, _within(held, offset, buf))
 
     def release(self) -> None:
         self.owner.closed(self)

@@ -322,32 +322,28 @@ class NpyView(View):
             return head
         return head + self.data.read(0, end - len(header))
 
-    def read_into(self, offset: int, buf: memoryview) -> int:
+    def _split(self, offset: int, buf: memoryview) -> tuple[int, int, memoryview | None]:
+        """A read's header part copied into ``buf``: (how many bytes, where its data part
+        starts in the data view, the rest of ``buf`` it fills, or None where it has none)."""
         header = self.header
         offset, size = _clip(offset, len(buf), len(header) + self.data.size)
-        if size == 0:
-            return 0
-        if offset >= len(header):
-            return self.data.read_into(offset - len(header), buf[:size])
-        n = _copy_into(buf[:size], memoryview(header)[offset:])
-        if n < size:
-            n += self.data.read_into(0, buf[n:size])
-        return n
+        n = _copy_into(buf[:size], memoryview(header)[offset:]) if offset < len(header) else 0
+        if n == size:
+            return n, 0, None
+        return n, offset + n - len(header), buf[n:size]
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        n, at, rest = self._split(offset, buf)
+        return n if rest is None else n + self.data.read_into(at, rest)
 
     def read_or_wait(self, offset: int, buf: memoryview) -> int | Future[int]:
-        """The data part as its view reads it: without a thread where it is a plain view of
-        a remote tensor's bytes; a converted view makes its bytes, waiting."""
-        header = self.header
-        offset, size = _clip(offset, len(buf), len(header) + self.data.size)
-        if size == 0:
-            return 0
-        if offset >= len(header):
-            return self.data.read_or_wait(offset - len(header), buf[:size])
-        n = _copy_into(buf[:size], memoryview(header)[offset:])
-        if n == size:
+        """The data part as its view reads it: without a thread where its bytes are on
+        their way (a remote tensor's, plain or converted)."""
+        n, at, rest = self._split(offset, buf)
+        if rest is None:
             return n
-        rest = self.data.read_or_wait(0, buf[n:size])
-        return added(rest, n) if isinstance(rest, Future) else n + rest
+        waited = self.data.read_or_wait(at, rest)
+        return added(waited, n) if isinstance(waited, Future) else n + waited
 
 
 # Converted chunks are this many float32 output bytes (rounded to whole blocks): big enough
