@@ -21,11 +21,14 @@ Nothing here knows about FUSE, the tree or the store's directory.
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import struct
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from tensorfs.editing.store import EditState
 from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
@@ -40,12 +43,23 @@ class EditError(ValueError):
     """An edit the format cannot hold (a bad alignment, a name taken): one line."""
 
 
+class PieceReader(Protocol):
+    """What a piece is read from: a ``tensorfs.sources.source.Source`` (the model's, a
+    store's ``DataFile``) or a checkpoint's gathered tensor.  ``read_into`` fills ``buf``
+    with the bytes at ``offset`` (fewer only at the end); ``read_or_wait`` may instead give
+    a ``Future`` of the count, where they are on their way."""
+
+    def read_into(self, offset: int, buf) -> int: ...
+
+    def read_or_wait(self, offset: int, buf) -> int | Future[int]: ...
+
+
 class Piece(NamedTuple):
     """Bytes of the data part: ``length`` bytes at ``start`` (from the data's start), read
-    from ``reader`` (a source or a store's data file) at ``at``."""
+    from ``reader`` at ``at``."""
     start: int
     length: int
-    reader: object
+    reader: PieceReader
     at: int
 
 
@@ -81,6 +95,19 @@ class ComposedFile:
         return self._model_file
 
     def read_into(self, offset: int, buf) -> int:
+        return self._read(offset, buf, None)
+
+    def read_or_wait(self, offset: int, buf) -> int | Future[int]:
+        """``read_into``, or a ``Future`` of the count where a piece's bytes are on their way
+        (a remote model's: ``Source.read_or_wait``); cancelling it cancels theirs."""
+        waits: list[tuple[int, int, Future[int]]] = []
+        total = self._read(offset, buf, waits)
+        return _all_read(total, waits) if waits else total
+
+    def _read(self, offset: int, buf, waits: list | None) -> int:
+        """The bytes at ``offset`` into ``buf``, waiting for them (``waits`` None); else
+        the pieces on their way are not waited for but put in ``waits`` as (where in
+        ``buf``, how many bytes, their ``Future``), counted as read."""
         total = 0
         want = min(len(buf), max(0, self.size - offset))
         layout = self.layout
@@ -104,7 +131,15 @@ class ComposedFile:
                 continue
             inside = rel - piece.start
             n = min(piece.length - inside, want - total)
-            got = piece.reader.read_into(piece.at + inside, buf[total:total + n])
+            if waits is None:
+                got = piece.reader.read_into(piece.at + inside, buf[total:total + n])
+            else:
+                came = piece.reader.read_or_wait(piece.at + inside, buf[total:total + n])
+                if isinstance(came, Future):
+                    waits.append((total, n, came))
+                    got = n
+                else:
+                    got = came
             if got <= 0:
                 break
             total += got
@@ -116,6 +151,41 @@ class ComposedFile:
         out = bytearray(max(0, min(size, self.size - offset)))
         n = self.read_into(offset, memoryview(out))
         return bytes(out[:n])
+
+
+def _all_read(total: int, waits: list[tuple[int, int, Future[int]]]) -> Future[int]:
+    """A Future of a composed read's count once every piece in ``waits`` came: ``total``,
+    or where one came short, the count up to its end (as ``read_into`` stops there); failed
+    with the first failure; cancelling it cancels them all."""
+    out: Future[int] = Future()
+    left = [len(waits)]
+    lock = threading.Lock()
+
+    def came(_done: Future[int]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        if not out.set_running_or_notify_cancel():
+            return
+        count = total
+        for at, n, future in waits:         # in order: the first short piece ends the read
+            if future.cancelled():
+                out.set_exception(OSError(errno.EINTR, "a piece's read was given up"))
+                return
+            error = future.exception()
+            if error is not None:
+                out.set_exception(error)
+                return
+            if future.result() < n:
+                count = at + future.result()
+                break
+        out.set_result(count)
+
+    out.add_done_callback(lambda o: [f.cancel() for _, _, f in waits] if o.cancelled() else None)
+    for _, _, future in waits:
+        future.add_done_callback(came)
+    return out
 
 
 # -- what the edits make of the model's records ------------------------------------------

@@ -28,6 +28,8 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from tensorfs.cache import ByteLRU
 from tensorfs.editing.compose import ComposedFile, Layout, Piece
@@ -105,6 +107,10 @@ class ComposedSource(Source):
     def read_into(self, offset: int, buf, span=None) -> int:
         return self.composed.read_into(offset, memoryview(buf).cast("B"))
 
+    def read_or_wait(self, offset: int, buf, span=None) -> int | Future[int]:
+        """A remote checkpoint's storages without a thread (``ComposedFile``)."""
+        return self.composed.read_or_wait(offset, memoryview(buf).cast("B"))
+
     def stat(self):
         return self.checkpoint.stat()
 
@@ -122,11 +128,17 @@ class ComposedSource(Source):
 
 
 class _Gathered:
-    """A piece's reader (``read_into(offset, buf)``, ``offset`` inside the tensor): the
-    bytes of a non-contiguous tensor, gathered as ``_gather_piece`` says."""
+    """A piece's reader (``offset`` inside the tensor): the bytes of a non-contiguous
+    tensor, gathered as ``_gather_piece`` says, in the reading thread."""
 
-    def __init__(self, read_into):
-        self.read_into = read_into
+    def __init__(self, read_into: Callable[[int, memoryview], int]):
+        self._read_into = read_into
+
+    def read_into(self, offset: int, buf) -> int:
+        return self._read_into(offset, buf)
+
+    def read_or_wait(self, offset: int, buf) -> int:
+        return self._read_into(offset, buf)
 
 
 def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:

@@ -33,6 +33,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 from tensorfs.convert.plan import plan_view
 from tensorfs.editing.compose import ComposedFile, typed_value
@@ -911,6 +912,10 @@ class ComposedView(View):
 
     def read_into(self, offset: int, buf) -> int:
         return self.file().read_into(offset, buf)
+
+    def read_or_wait(self, offset: int, buf) -> int | Future[int]:
+        """A remote model's kept tensors' bytes without a thread (``ComposedFile``)."""
+        return self.file().read_or_wait(offset, buf)
 
     def read(self, offset: int, size: int) -> bytes:
         return self.file().read(offset, size)

@@ -230,3 +230,92 @@ def test_converted_reads_that_wait_hold_no_thread(nginx, proxy, quantized, rmoun
     got = np.load(npy)
     assert got.size == expected.size
     assert np.array_equal(got.ravel(), expected.ravel())
+
+
+@pytest.fixture(scope="module")
+def checkpoint(nginx, tmp_path_factory) -> Path:
+    """A PyTorch checkpoint of one 12 MiB float32 tensor, served by the session's nginx."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("checkpoint") / "ckpt.pt"
+    torch.manual_seed(13)
+    torch.save({"w": torch.randn(768 * 4096)}, path)
+    nginx.put("files/checkpoint/ckpt.pt", path)
+    return path
+
+
+def _slow_readers_of(p, path: Path, first: int, step: int) -> list:
+    """More readers than libfuse has threads, of 4 KiB each of ``path`` at ``first`` and
+    every ``step`` bytes after it, each waiting on what the server holds (one fetch or
+    several, as the block cache plans them); the stalls their fetches did not take taken
+    back."""
+    p.push(*["stall"] * SLOW_READERS)
+    readers = [subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=4k", "count=1",
+                                 f"skip={(first + i * step) // 4096}"], stderr=subprocess.DEVNULL)
+               for i in range(SLOW_READERS)]
+    assert _until(lambda: _stalled(p) and all(_in_read(r.pid) for r in readers)), p.log
+    assert _until(lambda: _quiet(p))
+    p.clear()
+    return readers
+
+
+def test_a_remote_checkpoints_reads_that_wait_hold_no_thread(nginx, proxy, checkpoint, rmount):
+    """A remote PyTorch checkpoint's tensor, read from its storage in the zip (a composed
+    file): slow readers wait without holding a thread while a listing and metadata.json
+    are answered; killed, their fetches end; read later, the bytes are torch's."""
+    import torch
+
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/checkpoint/ckpt.pt", "--timeout", TIMEOUT)
+    target = next(q for q in mnt.rglob("w") if q.is_file())
+    readers = _slow_readers_of(p, target, 0, MiB)
+    try:
+        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json"],
+                              capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stderr
+        assert all(reader.poll() is None for reader in readers)     # still waiting
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    assert alive(daemon_pid(mnt))
+    want = torch.load(checkpoint, weights_only=True)["w"]
+    assert target.read_bytes() == want.numpy().tobytes()
+
+
+def test_an_edited_remote_models_file_read_that_waits_ends_with_its_reader(
+        nginx, proxy, quantized, rmount, tmp_path):
+    """files/ of a remote GGUF with a metadata edit (``--edits``: a new header, the
+    tensors' bytes read from the server by range): a reader killed while its read waits
+    ends the fetch made for it, long before ``--timeout``; read later, the file is the
+    edited model, every tensor's bytes gguf-py's.  (One reader: in an editable mount every
+    open of a file drops its pages, so the kernel holds a second open of it until the
+    first one's pending read is answered.)"""
+    import gguf
+
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/quantized/quantized.gguf", "--timeout", TIMEOUT,
+                 "--edits", str(tmp_path / "edits"))
+    subprocess.run(["sh", "-c", f"echo fixed > {mnt}/metadata/general.name"], check=True)
+    target = mnt / "files" / "quantized.gguf"
+    p.push("stall")
+    reader = subprocess.Popen(["dd", f"if={target}", "of=/dev/null", "bs=4k", "count=1",
+                               f"skip={5 * MiB // 4096}"], stderr=subprocess.DEVNULL)
+    try:
+        assert _until(lambda: _stalled(p)), p.log
+        reader.kill()
+        reader.wait(BOUND_S)
+        assert _until(lambda: p.left), (p.log, p.left)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert alive(daemon_pid(mnt))
+    # read(2), not an mmap: a page fault would hold the GIL that the proxy, in this
+    # process, needs to answer the daemon's fetch
+    copy = tmp_path / "edited.gguf"
+    copy.write_bytes(target.read_bytes())
+    edited, stored = gguf.GGUFReader(str(copy)), gguf.GGUFReader(str(quantized))
+    field = edited.fields["general.name"]
+    assert bytes(field.parts[field.data[0]]) == b"fixed"
+    for t, want in zip(edited.tensors, stored.tensors):
+        assert (t.name, t.data.tobytes()) == (want.name, want.data.tobytes())
