@@ -65,21 +65,26 @@ def _quiet(p, for_s: float = 0.5) -> bool:
     return len(p.log) == seen
 
 
-def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
-    p = proxy(nginx.port)
-    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
-    whole = mnt / "files" / "wide.safetensors"
+def _killed_while_it_waits(p, argv: list[str]) -> None:
+    """Run ``argv``, its read held by the server; kill it while it waits: the fetch made for
+    it ends (its connection closes)."""
     p.push("stall")
-    reader = subprocess.Popen(["cat", str(whole)], stdout=subprocess.DEVNULL)
+    reader = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert _until(lambda: _stalled(p)), p.log
         reader.kill()
         reader.wait(BOUND_S)
-        # the fetch made for the killed reader ends: its connection closes
         assert _until(lambda: p.left), (p.log, p.left)
     finally:
         reader.kill()
         reader.wait()
+
+
+def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
+    p = proxy(nginx.port)
+    mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
+    whole = mnt / "files" / "wide.safetensors"
+    _killed_while_it_waits(p, ["cat", str(whole)])
     assert alive(daemon_pid(mnt))
     requests = len(p.log)
     time.sleep(1)
@@ -298,17 +303,8 @@ def test_an_edited_remote_models_file_read_that_waits_ends_with_its_reader(
                  "--edits", str(tmp_path / "edits"))
     subprocess.run(["sh", "-c", f"echo fixed > {mnt}/metadata/general.name"], check=True)
     target = mnt / "files" / "quantized.gguf"
-    p.push("stall")
-    reader = subprocess.Popen(["dd", f"if={target}", "of=/dev/null", "bs=4k", "count=1",
-                               f"skip={5 * MiB // 4096}"], stderr=subprocess.DEVNULL)
-    try:
-        assert _until(lambda: _stalled(p)), p.log
-        reader.kill()
-        reader.wait(BOUND_S)
-        assert _until(lambda: p.left), (p.log, p.left)
-    finally:
-        reader.kill()
-        reader.wait()
+    _killed_while_it_waits(p, ["dd", f"if={target}", "of=/dev/null", "bs=4k", "count=1",
+                               f"skip={5 * MiB // 4096}"])
     assert alive(daemon_pid(mnt))
     # read(2), not an mmap: a page fault would hold the GIL that the proxy, in this
     # process, needs to answer the daemon's fetch
