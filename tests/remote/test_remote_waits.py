@@ -80,6 +80,33 @@ def _killed_while_it_waits(p, argv: list[str]) -> None:
         reader.wait()
 
 
+def _answered_while_readers_wait(p, mnt: Path, path: Path, first: int, step: int,
+                                 more: str = "") -> str:
+    """More readers than libfuse has threads, of 4 KiB each of ``path`` at ``first`` and
+    every ``step`` bytes after it (no page shared), each waiting on what the server holds
+    (one fetch or several, as the block cache plans them): meanwhile a listing,
+    metadata.json and the shell commands ``more`` are answered (their output), the readers
+    still waiting.  Killed, every fetch made for them ends."""
+    p.push(*["stall"] * SLOW_READERS)
+    readers = [subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=4k", "count=1",
+                                 f"skip={(first + i * step) // 4096}"], stderr=subprocess.DEVNULL)
+               for i in range(SLOW_READERS)]
+    try:
+        assert _until(lambda: _stalled(p) and all(_in_read(r.pid) for r in readers)), p.log
+        assert _until(lambda: _quiet(p))
+        p.clear()                           # the stalls the readers' fetches did not take
+        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json{more}"],
+                              capture_output=True, text=True, timeout=BOUND_S)
+        assert done.returncode == 0, done.stderr
+        assert all(reader.poll() is None for reader in readers)     # still waiting
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
+    assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    return done.stdout
+
+
 def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
@@ -209,26 +236,9 @@ def test_converted_reads_that_wait_hold_no_thread(nginx, proxy, quantized, rmoun
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/quantized/quantized.gguf", "--timeout", TIMEOUT)
     npy = next(q for q in mnt.rglob(f"{name}.npy") if q.is_file())
-    p.push(*["stall"] * SLOW_READERS)
-    readers = [subprocess.Popen(["dd", f"if={npy}", "of=/dev/null", "bs=4k", "count=1",
-                                 f"skip={i * 256 + 1}"], stderr=subprocess.DEVNULL)
-               for i in range(SLOW_READERS)]       # a MiB apart: no page shared
-    try:
-        # one fetch or several, as the block cache plans them: each held by the server
-        assert _until(lambda: _stalled(p) and all(_in_read(r.pid) for r in readers)), p.log
-        assert _until(lambda: _quiet(p))
-        p.clear()                           # the stalls the readers' fetches did not take
-        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json && "
-                               f"head -c 4 {mnt}/files/quantized.gguf"],
-                              capture_output=True, text=True, timeout=BOUND_S)
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.endswith("GGUF")
-        assert all(reader.poll() is None for reader in readers)     # still waiting
-    finally:
-        for reader in readers:
-            reader.kill()
-            reader.wait()
-    assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    done = _answered_while_readers_wait(p, mnt, npy, 4096, MiB,
+                                        f" && head -c 4 {mnt}/files/quantized.gguf")
+    assert done.endswith("GGUF")
     assert alive(daemon_pid(mnt))
     stored = next(t for t in gguf.GGUFReader(str(quantized)).tensors if t.name == name)
     expected = gguf.quants.dequantize(stored.data, stored.tensor_type)
@@ -248,19 +258,6 @@ def checkpoint(nginx, tmp_path_factory) -> Path:
     return path
 
 
-def _slow_readers_of(p, path: Path, first: int, step: int) -> list:
-    """More readers than libfuse has threads, of 4 KiB each of ``path`` at ``first`` and
-    every ``step`` bytes after it, each waiting on what the server holds (one fetch or
-    several, as the block cache plans them); the stalls their fetches did not take taken
-    back."""
-    p.push(*["stall"] * SLOW_READERS)
-    readers = [subprocess.Popen(["dd", f"if={path}", "of=/dev/null", "bs=4k", "count=1",
-                                 f"skip={(first + i * step) // 4096}"], stderr=subprocess.DEVNULL)
-               for i in range(SLOW_READERS)]
-    assert _until(lambda: _stalled(p) and all(_in_read(r.pid) for r in readers)), p.log
-    assert _until(lambda: _quiet(p))
-    p.clear()
-    return readers
 
 
 def test_a_remote_checkpoints_reads_that_wait_hold_no_thread(nginx, proxy, checkpoint, rmount):
@@ -272,17 +269,7 @@ def test_a_remote_checkpoints_reads_that_wait_hold_no_thread(nginx, proxy, check
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/checkpoint/ckpt.pt", "--timeout", TIMEOUT)
     target = next(q for q in mnt.rglob("w") if q.is_file())
-    readers = _slow_readers_of(p, target, 0, MiB)
-    try:
-        done = subprocess.run(["sh", "-c", f"ls -lR {mnt} && cat {mnt}/metadata.json"],
-                              capture_output=True, text=True, timeout=BOUND_S)
-        assert done.returncode == 0, done.stderr
-        assert all(reader.poll() is None for reader in readers)     # still waiting
-    finally:
-        for reader in readers:
-            reader.kill()
-            reader.wait()
-    assert _until(lambda: len(p.left) == len(_stalled(p))), (p.log, p.left)
+    _answered_while_readers_wait(p, mnt, target, 0, MiB)
     assert alive(daemon_pid(mnt))
     want = torch.load(checkpoint, weights_only=True)["w"]
     assert target.read_bytes() == want.numpy().tobytes()
