@@ -21,10 +21,8 @@ Nothing here knows about FUSE, the tree or the store's directory.
 from __future__ import annotations
 
 import bisect
-import errno
 import json
 import struct
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -34,6 +32,7 @@ from tensorfs.editing.store import EditState
 from tensorfs.formats.gguf import DEFAULT_ALIGNMENT, kv_spans
 from tensorfs.formats.gguf_write import ValueWriter, check_alignment, check_tensor_name
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
+from tensorfs.waits import gathered
 
 if TYPE_CHECKING:              # numpy is imported by an edit that needs it, not with a mount
     import numpy as np
@@ -102,7 +101,7 @@ class ComposedFile:
         (a remote model's: ``Source.read_or_wait``); cancelling it cancels theirs."""
         waits: list[tuple[int, int, Future[int]]] = []
         total = self._read(offset, buf, waits)
-        return _all_read(total, waits) if waits else total
+        return gathered(total, waits) if waits else total
 
     def _read(self, offset: int, buf, waits: list | None) -> int:
         """The bytes at ``offset`` into ``buf``, waiting for them (``waits`` None); else
@@ -151,41 +150,6 @@ class ComposedFile:
         out = bytearray(max(0, min(size, self.size - offset)))
         n = self.read_into(offset, memoryview(out))
         return bytes(out[:n])
-
-
-def _all_read(total: int, waits: list[tuple[int, int, Future[int]]]) -> Future[int]:
-    """A Future of a composed read's count once every piece in ``waits`` came: ``total``,
-    or where one came short, the count up to its end (as ``read_into`` stops there); failed
-    with the first failure; cancelling it cancels them all."""
-    out: Future[int] = Future()
-    left = [len(waits)]
-    lock = threading.Lock()
-
-    def came(_done: Future[int]) -> None:
-        with lock:
-            left[0] -= 1
-            if left[0]:
-                return
-        if not out.set_running_or_notify_cancel():
-            return
-        count = total
-        for at, n, future in waits:         # in order: the first short piece ends the read
-            if future.cancelled():
-                out.set_exception(OSError(errno.EINTR, "a piece's read was given up"))
-                return
-            error = future.exception()
-            if error is not None:
-                out.set_exception(error)
-                return
-            if future.result() < n:
-                count = at + future.result()
-                break
-        out.set_result(count)
-
-    out.add_done_callback(lambda o: [f.cancel() for _, _, f in waits] if o.cancelled() else None)
-    for _, _, future in waits:
-        future.add_done_callback(came)
-    return out
 
 
 # -- what the edits make of the model's records ------------------------------------------

@@ -23,25 +23,6 @@ def _copy_into(buf: memoryview, data) -> int:
     return n
 
 
-def added(future: Future[int], n: int) -> Future[int]:
-    """A Future of ``n`` more than ``future``'s count (bytes copied before it), cancelled
-    with it."""
-    out: Future[int] = Future()
-
-    def came(done: Future[int]) -> None:
-        if done.cancelled() or not out.set_running_or_notify_cancel():
-            return
-        error = done.exception()
-        if error is not None:
-            out.set_exception(error)
-        else:
-            out.set_result(n + done.result())
-
-    out.add_done_callback(lambda o: future.cancel() if o.cancelled() else None)
-    future.add_done_callback(came)
-    return out
-
-
 class View(ABC):
     """What every file of the mount is: ``size`` bytes, read by ``read``.  The rest has a
     default here, which a view overrides where it can do more."""

@@ -38,7 +38,8 @@ from tensorfs.cache import ByteLRU
 from tensorfs.convert.blocks import Readable, read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
 from tensorfs.sources.source import Source
-from tensorfs.views.base import View, _clip, _copy_into, added
+from tensorfs.views.base import View, _clip, _copy_into
+from tensorfs.waits import gathered, then
 
 log = logging.getLogger("tensorfs")
 
@@ -343,7 +344,9 @@ class NpyView(View):
         if rest is None:
             return n
         waited = self.data.read_or_wait(at, rest)
-        return added(waited, n) if isinstance(waited, Future) else n + waited
+        if isinstance(waited, Future):
+            return gathered(n + len(rest), [(n, len(rest), waited)])
+        return n + waited
 
 
 # Converted chunks are this many float32 output bytes (rounded to whole blocks): big enough
@@ -545,34 +548,7 @@ class ConvertedView(View):
         here = _Fetched(self.source, start, stored)
         if not isinstance(came, Future):
             return self._read(offset, buf, here)
-        out: Future[int] = Future()
-
-        def convert() -> None:
-            if not out.set_running_or_notify_cancel():
-                return
-            try:
-                out.set_result(self._read(offset, buf, here))
-            except BaseException as error:  # any exception: the read's, as read_into's
-                out.set_exception(error)
-
-        def arrived(done: Future[int]) -> None:
-            if done.cancelled():
-                out.cancel()
-                return
-            error = done.exception()
-            if error is not None:
-                if out.set_running_or_notify_cancel():
-                    out.set_exception(error)
-                return
-            try:
-                _converting().submit(convert)
-            except RuntimeError as error:   # no thread to be had: the read fails, one line
-                if out.set_running_or_notify_cancel():
-                    out.set_exception(OSError(errno.EAGAIN, f"{self.key}: {error}"))
-
-        came.add_done_callback(arrived)
-        out.add_done_callback(lambda o: came.cancel() if o.cancelled() else None)
-        return out
+        return then(came, lambda: self._read(offset, buf, here), _converting(), str(self.key))
 
     def _read(self, offset: int, buf: memoryview, stored: Readable) -> int:
         """``read_into``, the stored bytes read from ``stored`` (the source, or what
@@ -659,27 +635,26 @@ class _Fetched:
         return n
 
 
-_executors: dict[int, ThreadPoolExecutor] = {}
+_executors: dict[tuple[str, int], ThreadPoolExecutor] = {}
 _executors_lock = threading.Lock()
-_converting_executor: list[ThreadPoolExecutor] = []
+
+
+def _executor(name: str, threads: int) -> ThreadPoolExecutor:
+    with _executors_lock:
+        executor = _executors.get((name, threads))
+        if executor is None:
+            executor = _executors[name, threads] = ThreadPoolExecutor(
+                max_workers=threads, thread_name_prefix=name)
+        return executor
 
 
 def _converting() -> ThreadPoolExecutor:
     """The threads that convert what reads which waited without a thread fetched
     (``ConvertedView.read_or_wait``): as many as convert ahead."""
-    with _executors_lock:
-        if not _converting_executor:
-            _converting_executor.append(ThreadPoolExecutor(
-                max_workers=READ_AHEAD_WORKERS, thread_name_prefix="convert"))
-        return _converting_executor[0]
+    return _executor("convert", READ_AHEAD_WORKERS)
 
 
 def _read_ahead_executor(threads: int) -> ThreadPoolExecutor:
     """The read-ahead threads: ``READ_AHEAD_WORKERS`` converting in-thread, or as many as a
     worker pool's workers plus one, waiting for them."""
-    with _executors_lock:
-        executor = _executors.get(threads)
-        if executor is None:
-            executor = _executors[threads] = ThreadPoolExecutor(
-                max_workers=threads, thread_name_prefix="readahead")
-        return executor
+    return _executor("readahead", threads)
