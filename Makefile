@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash demo test bench fuzz clean check-debian13
+.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash convert-oracle demo test bench fuzz clean check-debian13
 all: test
 
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
@@ -110,10 +110,11 @@ clients-venv: test-venv $(VENV)/.installed-clients
 demo: venv
 	@bash examples/demo.sh $(BIN) $(BUILD)
 
-test: test-venv clients-venv llama-gguf-hash
+test: test-venv clients-venv llama-gguf-hash convert-oracle
 	$(BIN)/ruff check tensorfs tests bench tools examples
 	$(BIN)/mypy
-	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) $(BIN)/python -m pytest -q tests
+	TENSORFS_LLAMA_GGUF_HASH=$(LLAMA_GGUF_HASH) TENSORFS_CONVERT_ORACLE=$(CONVERT_ORACLE) \
+	  $(BIN)/python -m pytest -q tests
 
 # llama.cpp's llama-gguf-hash, the oracle of tests/facts/test_facts_hash.py: built with cmake from
 # the llama-cpp-python sdist (its vendored llama.cpp), that one target only (~2 min on 2
@@ -138,6 +139,31 @@ $(LLAMA_GGUF_HASH): | $(BIN)/python
 	cmake --build $$tmp/build --target llama-gguf-hash -j$$(nproc) >$$tmp/build.log 2>&1 \
 	  || { tail -50 $$tmp/build.log >&2; exit 1; }; \
 	mkdir -p $(dir $@) && cp $$tmp/build/bin/llama-gguf-hash $@.part && mv $@.part $@
+
+# The oracle of the HF-as-GGUF tests (tests/hfgguf/): llama.cpp's convert_hf_to_gguf.py as
+# vendored in the same llama-cpp-python sdist (its conversion/ package, its gguf-py and its
+# vocab GGUFs under models/), with the virtualenv its requirements name (transformers 4.57.6,
+# sentencepiece, protobuf; torch at the CPU build this machine's pip takes).  Kept outside the
+# clone beside llama-gguf-hash, built once per machine.  $(CONVERT_ORACLE)/bin/convert runs it.
+CONVERT_ORACLE := $(CLIENTS_CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)/convert
+convert-oracle: $(CONVERT_ORACLE)/.built
+$(CONVERT_ORACLE)/.built: | $(BIN)/python
+	@echo "setting up llama.cpp's convert_hf_to_gguf.py ($(LLAMA_CPP_PYTHON)) in $(CONVERT_ORACLE) (once) ..."
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	src=$$tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp && out=$(CONVERT_ORACLE).tmp$$$$ && \
+	$(BIN)/python -m pip download -q --no-binary :all: --no-deps \
+	  llama-cpp-python==$(LLAMA_CPP_PYTHON) -d $$tmp && \
+	tar -xzf $$tmp/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $$tmp && \
+	rm -rf $$out && mkdir -p $$out/src $$out/bin && \
+	cp -r $$src/convert_hf_to_gguf.py $$src/conversion $$src/gguf-py $$src/models $$out/src/ && \
+	$(PYTHON) -m venv $$out/venv && \
+	$$out/venv/bin/python -m pip install -q torch==2.13.0 transformers==4.57.6 'numpy~=2.2.6' \
+	  'sentencepiece>=0.1.98,<0.3.0' 'protobuf>=4.21.0,<5.0.0' safetensors jinja2 && \
+	$$out/venv/bin/python -m pip install -q --no-deps $$out/src/gguf-py && \
+	printf '#!/bin/sh\nexec "$$(dirname "$$0")/../venv/bin/python" "$$(dirname "$$0")/../src/convert_hf_to_gguf.py" "$$@"\n' >$$out/bin/convert && \
+	chmod +x $$out/bin/convert && touch $$out/.built && \
+	{ rm -rf $(CONVERT_ORACLE) && mkdir -p $(dir $(CONVERT_ORACLE)) && mv -T $$out $(CONVERT_ORACLE); } || { rm -rf $$out; exit 1; }
+	@test -e $@
 
 # libfuse3-dev and pkg-config: to build row 7's floor, the smallest C daemon (bench/floor/).
 bench: test-venv
