@@ -12,8 +12,7 @@ import pytest
 from tensorfs.cli.parser import build_parser, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] + \
-    ([ROOT / "CHANGELOG.md"] if (ROOT / "CHANGELOG.md").exists() else [])
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def _targets(text: str):
@@ -81,7 +80,7 @@ def _option_tables(text: str):
 
 
 def test_every_default_in_the_option_tables_is_the_parsers():
-    text = (ROOT / "docs" / "cli.md").read_text()
+    text = (ROOT / "docs" / "reference" / "cli.md").read_text()
     rows = list(_option_tables(text))
     assert {c for c, _, _ in rows} >= {"mount", "inspect", "list", "unmount"}
     wrong = []
@@ -100,7 +99,7 @@ def test_every_default_said_in_prose_is_the_parsers():
     """``--views`` (default raw,npy,files), "`--cache-size` (default 256M)": wherever the
     README or docs/cli.md say an option's default in a sentence."""
     wrong = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "reference" / "cli.md"):
         for match in re.finditer(r"`(--[\w-]+)[^`]*`\s*\(default:?\s*`?([\w.,]+)`?\)", doc.read_text()):
             flag, stated = match.groups()
             default = _option("mount", flag).default
@@ -113,7 +112,7 @@ def test_the_synopses_name_each_option_as_the_parser_does():
     """``[--views raw,npy,files]`` in a synopsis is the parser's metavar (or its choices):
     a synopsis that lists fewer views reads as the default."""
     wrong = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "reference" / "cli.md"):
         for line in doc.read_text().splitlines():
             command = re.search(r"tensorfs (mount|unmount|inspect|list|hash|stats|diff) ", line)
             if not command:
@@ -134,10 +133,10 @@ def test_every_mount_option_is_in_the_table_and_the_usage_lines():
     flags = {a.option_strings[0] for a in mount._actions
              if a.option_strings and a.help != argparse.SUPPRESS} - {"-h"}
     flags |= {"--debug"}
-    in_table = {flag for command, flag, _ in _option_tables((ROOT / "docs" / "cli.md").read_text())
+    in_table = {flag for command, flag, _ in _option_tables((ROOT / "docs" / "reference" / "cli.md").read_text())
                 if command == "mount"}
     assert sorted(flags - in_table) == []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "cli.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "reference" / "cli.md"):
         lines = doc.read_text().splitlines()
         first = next(i for i, line in enumerate(lines)
                      if re.match(r"`?tensorfs mount MODEL MOUNTPOINT ", line))
@@ -154,7 +153,7 @@ def test_mount_help_says_read_only_only_without_edits():
     assert "read-only" not in description or "--edits" in description
 
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = DOCS
 
 
 @pytest.mark.parametrize("doc", PAGES, ids=[str(d.relative_to(ROOT)) for d in PAGES])
