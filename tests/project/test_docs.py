@@ -331,3 +331,49 @@ def test_every_docs_page_the_code_names_exists():
     missing = sorted(f"{page} ({where})" for page, where in named.items()
                      if page not in others and not (ROOT / page).exists())
     assert missing == []
+
+
+# every line the commands raise for a mount point, an option or the machine is documented
+MESSAGE_ERRORS = {"UserError", "DaemonError", "OptionError", "RuntimeDirError", "FuseUnavailable"}
+MESSAGE_PAGES = [ROOT / "docs" / "guide" / "troubleshooting.md",
+                 ROOT / "docs" / "reference" / "messages.md"]
+
+
+def _raised_messages():
+    """(where, the longest literal part) of each message raised with one of MESSAGE_ERRORS
+    in tensorfs/: the text between its {placeholders}."""
+    import ast
+
+    for path in sorted((ROOT / "tensorfs").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name) and node.exc.func.id in MESSAGE_ERRORS
+                    and node.exc.args):
+                continue
+            parts: list[str] = []
+
+            def literal(n) -> None:
+                if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    parts.append(n.value)
+                elif isinstance(n, ast.JoinedStr):
+                    for v in n.values:
+                        literal(v) if isinstance(v, ast.Constant) else parts.append("\0")
+                elif isinstance(n, ast.BinOp):
+                    literal(n.left)
+                    literal(n.right)
+                else:
+                    parts.append("\0")
+
+            literal(node.exc.args[0])
+            pieces = [p.strip(" :(") for p in "".join(parts).split("\0")]
+            pieces = [p for p in pieces if len(p) >= 10]
+            if pieces:
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", max(pieces, key=len)
+
+
+def test_every_message_the_commands_raise_is_documented():
+    text = " ".join(" ".join(p.read_text().split()) for p in MESSAGE_PAGES)
+    found = list(_raised_messages())
+    assert len(found) > 30
+    missing = [f"{where}: {piece[:60]!r}" for where, piece in found if piece[:40] not in text]
+    assert missing == []
