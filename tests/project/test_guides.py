@@ -146,7 +146,13 @@ def test_every_command_a_guide_shows_is_run_or_says_why_not(page):
     assert script(page.read_text()).strip(), f"{page.name} runs nothing"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+# the pages whose setup starts a server (remote) or runs a real client (clients)
+MARKS = {_server: [pytest.mark.remote], _clients: [pytest.mark.clients],
+         _checkpoint: [pytest.mark.clients]}
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, marks=MARKS.get(SETUPS.get(p.name), []))
+                                  for p in PAGES], ids=[p.name for p in PAGES])
 def test_the_guide_runs_as_written_in_a_fresh_shell(page, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
