@@ -13,6 +13,7 @@ from tensorfs.cli.parser import build_parser, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+GUIDES = sorted((ROOT / "docs" / "guide").glob("*.md"))
 
 
 def _targets(text: str):
@@ -102,9 +103,9 @@ def test_every_default_in_the_option_tables_is_the_parsers():
 
 def test_every_default_said_in_prose_is_the_parsers():
     """``--views`` (default raw,npy,files), "`--cache-size` (default 256M)": wherever the
-    README or docs/reference/cli.md say an option's default in a sentence."""
+    README, docs/reference/cli.md or a guide say an option's default in a sentence."""
     wrong = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "reference" / "cli.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "reference" / "cli.md", *GUIDES):
         for match in re.finditer(r"`(--[\w-]+)[^`]*`\s*\(default:?\s*`?([\w.,]+)`?\)", doc.read_text()):
             flag, stated = match.groups()
             default = _option("mount", flag).default
@@ -238,9 +239,6 @@ def test_the_docs_are_on_three_shelves():
     assert top == ["README.md"]
     assert sorted(p.name for p in (ROOT / "docs").iterdir() if p.is_dir()) == \
         ["guide", "internals", "reference"]
-
-
-GUIDES = sorted((ROOT / "docs" / "guide").glob("*.md"))
 
 
 @pytest.mark.parametrize("page", [*GUIDES, ROOT / "README.md"],
