@@ -204,8 +204,8 @@ def _anchors(page: Path) -> set[str]:
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
-        yield_slug = slug if n == 0 else f"{slug}-{n}"
-        seen.setdefault(yield_slug, 1)
+        if n:
+            seen.setdefault(f"{slug}-{n}", 1)        # the second "## Options" is options-1
     return set(seen)
 
 
