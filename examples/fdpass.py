@@ -1,5 +1,5 @@
 """Mount as root in one process, serve unprivileged in another: a /dev/fuse descriptor passed
-over a unix socket (docs/containers.md).
+over a unix socket (docs/guide/containers.md).
 
     python fdpass.py mount DIR SOCKET [UID]      # privileged: when the server connects, open
                                                  # /dev/fuse, mount(2) it at DIR for UID, send

@@ -1,6 +1,6 @@
 """tensorfs: mount safetensors, GGUF and PyTorch model files as a tree of tensors (editable with --edits).
 
-The library API (``tensorfs.open``, ``tensorfs.ModelError``: docs/api.md) is imported on
+The library API (``tensorfs.open``, ``tensorfs.ModelError``: docs/reference/api.md) is imported on
 first use: the command line imports this package, and must not pay for numpy and the
 parsers before it knows it needs them.
 """

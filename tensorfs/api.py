@@ -1,4 +1,4 @@
-"""The library API (docs/api.md): a model's metadata, tensors, bytes and arrays, without FUSE.
+"""The library API (docs/reference/api.md): a model's metadata, tensors, bytes and arrays, without FUSE.
 
 ::
 
@@ -8,7 +8,7 @@
         t = m.tensors["blk.0.attn_q.weight"]        # dtype, shape, offset, nbytes, file
         raw = m.read("blk.0.attn_q.weight")         # the stored bytes
         a = m.array("blk.0.attn_q.weight")          # the .npy view's values
-        m.files["config.json"].size                 # what a mount's files/ holds (docs/design.md)
+        m.files["config.json"].size                 # what a mount's files/ holds (docs/internals/design.md)
         m.read_file("config.json")                  # ... and its bytes
 
 It goes through the layers a mount uses — ``load_model`` (parsers, validation, shards),
@@ -100,7 +100,7 @@ def open(model, *, storage_options: dict | None = None,
     shard, or a URL of any of those — what ``tensorfs mount`` takes); ``ModelError`` if it
     is refused.  Use it as a context manager, or call ``close()``.
 
-    For a URL (docs/remote.md, needs ``tensorfs-fuse[remote]``): ``storage_options`` are passed to
+    For a URL (docs/reference/remote.md, needs ``tensorfs-fuse[remote]``): ``storage_options`` are passed to
     fsspec (as ``--storage-option``), ``timeout`` bounds each read in seconds (``--timeout``);
     endpoints and credentials come from the environment as for a mount."""
     model = os.fspath(model)

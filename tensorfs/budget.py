@@ -8,7 +8,7 @@ rather than deriving one of its own.
   own, at most ``STREAM_BYTES`` and a quarter of the budget: the kernel's page cache keeps
   what they served, so holding a whole tensor's chunks would only cost memory and, worse,
   fresh memory: touching new pages costs more than converting into recycled ones
-  (docs/serving.md);
+  (docs/internals/serving.md);
 - the worker pool's slots are chunks, as many as ``cache`` and ``stream`` hold
   (``held_bytes``); a remote file's read-ahead is at most a quarter of ``cache``
   (``tensorfs.sources.blockcache``).

@@ -105,7 +105,7 @@ class Model:
     # parsed from, so that a mount serves what it parsed.  Empty for a model built by hand.
     sources: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     url: str | None = None          # the URL the user named (without credentials), if remote
-    # the other files served whole in files/ (docs/design.md): an index, a directory's config and
+    # the other files served whole in files/ (docs/internals/design.md): an index, a directory's config and
     # tokenizer files (tensorfs.loading.wholefiles.Companion)
     companions: tuple = field(default=(), compare=False, repr=False)
 

@@ -1,4 +1,4 @@
-"""A mount's status file (docs/cli.md): what ``tensorfs list`` shows of each live mount, owned
+"""A mount's status file (docs/reference/cli.md): what ``tensorfs list`` shows of each live mount, owned
 here and nowhere else.
 
 The serving process publishes it once the mount answers (``publish``: mount point, source,

@@ -1,4 +1,4 @@
-"""The daemon's life (docs/cli.md): from a model ready to serve to a process serving it in
+"""The daemon's life (docs/reference/cli.md): from a model ready to serve to a process serving it in
 the background, and back.  Nothing here knows about models or FUSE: the CLI hands over a
 ``serve(on_ready)`` callable that mounts, calls ``on_ready`` once the mount is live and
 returns when it is unmounted.

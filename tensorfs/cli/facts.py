@@ -1,4 +1,4 @@
-"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (docs/cli.md), and
+"""The command lines of ``tensorfs hash``, ``stats`` and ``diff`` (docs/reference/cli.md), and
 their exit statuses: ``hash`` and ``stats`` exit 1 on any failure, ``diff`` 2 (0 and 1 say
 whether the models differ, as diff(1)'s do).  ``tensorfs.cli.parser`` registers them here, so that
 it imports none of their work (numpy) for its other commands."""
@@ -18,7 +18,7 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     hashing = sub.add_parser(
         "hash", help="per-tensor and whole-model hashes, as llama-gguf-hash prints them",
         description="Hash every tensor's stored bytes and the whole model's, in llama.cpp's "
-        "llama-gguf-hash format (docs/facts.md).  MODEL is " + model_help + ".")
+        "llama-gguf-hash format (docs/reference/facts.md).  MODEL is " + model_help + ".")
     hashing.add_argument("model", metavar="MODEL", help=model_help)
     for name, what in (("xxh64", "xxh64 (the default)"), ("sha1", "sha1"),
                        ("sha256", "sha256"), ("uuid", "the model's UUIDv5 (llama.cpp's namespace)")):
@@ -34,7 +34,7 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
     stats = sub.add_parser(
         "stats", help="count, min, max, mean, std, absmax, NaN/Inf/zeros of each tensor",
         description="Statistics of each tensor's values (those of its .npy view), "
-        "accumulated in float64 (docs/facts.md).  MODEL is " + model_help + ".")
+        "accumulated in float64 (docs/reference/facts.md).  MODEL is " + model_help + ".")
     stats.add_argument("model", metavar="MODEL", help=model_help)
     stats.add_argument("tensors", metavar="TENSOR", nargs="*",
                        help="only these tensors (by name)")
@@ -48,7 +48,7 @@ def add_commands(sub, model_help: str, debug_help: str, remote_options) -> None:
         "diff", help="compare two models tensor by tensor (exit 0 identical, 1 different)",
         description="Compare A and B tensor by tensor name: only in one, shape or type "
         "differs, identical bytes, or how far the values are (max_abs_diff, nmse, "
-        "cosine).  Exit 0 when identical, 1 when they differ, 2 on error (docs/facts.md).  "
+        "cosine).  Exit 0 when identical, 1 when they differ, 2 on error (docs/reference/facts.md).  "
         "A and B are each " + model_help + ".")
     diff.add_argument("a", metavar="A", help="the first model (the reference of nmse)")
     diff.add_argument("b", metavar="B", help="the second model")

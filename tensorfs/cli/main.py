@@ -1,4 +1,4 @@
-"""The command line's dispatcher (docs/cli.md), and the two commands that need no model:
+"""The command line's dispatcher (docs/reference/cli.md), and the two commands that need no model:
 ``unmount`` and ``list``.
 
 ``main`` parses the arguments (``tensorfs.cli.parser``), runs the command (``mount``:

@@ -1,4 +1,4 @@
-"""``tensorfs mount`` (docs/cli.md): the mount point checked, the model loaded and its tree
+"""``tensorfs mount`` (docs/reference/cli.md): the mount point checked, the model loaded and its tree
 built in this process, then served by a daemon forked from it (``tensorfs.cli.daemon``: the
 daemon's life, its pid file, readiness and log) or in the foreground.
 
@@ -26,7 +26,7 @@ log = logging.getLogger("tensorfs")
 def check_mountpoint(path: str, model: str | None = None) -> str:
     """The mount point as the mount is known by (resolved), or a one-line refusal that says
     what to do.  ``/dev/fd/N`` is a /dev/fuse descriptor already mounted by a privileged
-    mounter (docs/containers.md): no directory to check, the descriptor must be open."""
+    mounter (docs/guide/containers.md): no directory to check, the descriptor must be open."""
     from tensorfs.runtime import descriptor_of, mount_type
 
     fd = descriptor_of(path)
@@ -35,9 +35,9 @@ def check_mountpoint(path: str, model: str | None = None) -> str:
             st = os.fstat(fd)
         except OSError:
             raise UserError(f"{path}: descriptor {fd} is not open (a mounter opens /dev/fuse, "
-                            f"mounts it and passes the descriptor: docs/containers.md)") from None
+                            f"mounts it and passes the descriptor: docs/guide/containers.md)") from None
         if not stat.S_ISCHR(st.st_mode) or st.st_rdev != os.makedev(10, 229):
-            raise UserError(f"{path}: descriptor {fd} is not /dev/fuse (docs/containers.md)")
+            raise UserError(f"{path}: descriptor {fd} is not /dev/fuse (docs/guide/containers.md)")
         return path
     if mount_type(path) is not None:
         raise UserError(f"{path}: already a mount point (tensorfs unmount {path} first)")
@@ -93,7 +93,7 @@ def _editor(args, mounted):
         return None
     if mounted.model.files[0].format == "pytorch":
         raise UserError(f"{mounted.model.source}: --edits does not apply to a PyTorch "
-                        "checkpoint (docs/pytorch.md): copy files/*.safetensors out of a "
+                        "checkpoint (docs/reference/pytorch.md): copy files/*.safetensors out of a "
                         "mount and mount that copy with --edits")
     from tensorfs.editing.compose import EditError
     from tensorfs.editing.session import EditRefused

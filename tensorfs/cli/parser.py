@@ -1,6 +1,6 @@
 """The command line's arguments: every command's parser, the checks of each option's value,
 what of the command line is kept out of ``ps``, and the fuse(8) helper's calling convention
-(docs/cli.md).  ``parse`` is what the dispatcher (``tensorfs.cli.main``) calls.
+(docs/reference/cli.md).  ``parse`` is what the dispatcher (``tensorfs.cli.main``) calls.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     mount.add_argument("mountpoint", metavar="MOUNTPOINT", help="an empty directory, or "
                        "/dev/fd/N: a /dev/fuse descriptor another process mounted "
-                       "(docs/containers.md)")
+                       "(docs/guide/containers.md)")
     mount.add_argument("--foreground", "-f", action="store_true",
                        help="stay attached; Ctrl-C or SIGTERM unmounts")
     mount.add_argument("--layout", choices=("tree", "flat"), default="tree",
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "on this machine, none on 2 CPUs; 0: convert in the daemon's threads)")
     mount.add_argument("-o", dest="fuse_options", action="append", default=[], metavar="FUSEOPT,...",
                        help="FUSE mount options: allow_other, allow_root, max_read=N, "
-                       "fsname=NAME, attr_timeout=S ... (docs/cli.md); rw is refused")
+                       "fsname=NAME, attr_timeout=S ... (docs/reference/cli.md); rw is refused")
     # a user's path is resolved here, where the command runs: the daemon works from "/"
     mount.add_argument("--log", metavar="FILE", type=os.path.abspath, help="daemon log "
                        "(default: in the runtime directory, removed after a clean unmount)")
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="let the mount's owner edit metadata and tensors with ordinary "
                             "tools (echo, cp, sed -i, vim ...), kept in DIR (reused by later "
                             "mounts of the same model); files/ serves the edited model "
-                            "(docs/editing.md); without it the mount is read-only")
+                            "(docs/reference/editing.md); without it the mount is read-only")
 
     for name in ("unmount", "umount"):
         un = sub.add_parser(name, help="unmount and wait for the daemon to exit" if name == "unmount"
@@ -226,18 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="a JSON array of objects")
     listing.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
 
-    from tensorfs.cli.facts import add_commands  # hash, stats, diff (docs/facts.md)
+    from tensorfs.cli.facts import add_commands  # hash, stats, diff (docs/reference/facts.md)
 
     add_commands(sub, MODEL_HELP, DEBUG_HELP, _remote_options)
     return parser
 
 
 def _remote_options(parser) -> None:
-    """What a URL as MODEL takes (docs/remote.md)."""
+    """What a URL as MODEL takes (docs/reference/remote.md)."""
     parser.add_argument("--storage-option", dest="storage_options", action="append", default=[],
                         metavar="KEY=VALUE", type=parse_storage_option,
                         help="an fsspec storage option for a URL (repeatable); secrets belong "
-                             "in the environment or config files, not here (docs/remote.md)")
+                             "in the environment or config files, not here (docs/reference/remote.md)")
     parser.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S,
                         metavar="SECONDS",
                         help=f"longest wait for one read of a URL, retries included "

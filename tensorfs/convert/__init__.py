@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # The kernels (``floats``, ``ggml``, ``longtail``) and numpy with them are imported by the
 # first ``convert`` call, not with this package: a mount asks every tensor's plan (which
 # conversion, or none) without converting anything, and numpy is most of a mount's imports
-# (docs/copylimit.md).
+# (docs/internals/copylimit.md).
 
 __all__ = ["Conversion", "conversion_for", "conversion_from_spec", "raw_only_reason"]
 

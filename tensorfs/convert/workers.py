@@ -1,5 +1,5 @@
 """Conversion worker processes: costly conversions (block quants, gguf-py's long tail) on
-every core, not on one core at a time behind the GIL (docs/workers.md).
+every core, not on one core at a time behind the GIL (docs/internals/workers.md).
 
 The pool owns its chunk slots.  A caller asks ``pool.convert(conversion, fill_input,
 in_bytes, out_bytes)`` and gets back a finished ``PoolChunk`` (its float32 values in an
@@ -23,7 +23,7 @@ Where a pool pays (``paying_size``): workers cost each read a hand-over (two cro
 wake-ups) and cost the machine an interpreter's start (~0.1 s of CPU each, more when
 loaded), so they pay only where cores are idle beyond what the caller and its readers use,
 and for work larger than their start.  On a 2-CPU machine that is never: there the default
-is no pool (docs/benchmarks.md, "Worker pool").
+is no pool (docs/internals/benchmarks.md, "Worker pool").
 
 Workers are started with ``spawn`` semantics (a fresh ``python -m tensorfs.convert.workers``, through
 ``subprocess``: fork + exec at once), so the pool may start one at any time, also once
@@ -84,7 +84,7 @@ MAX_WORKERS_PER_CPU = 4
 # costliest types' output in about that time, several times over for the cheap ones.
 START_WORK_BYTES = 128 << 20
 # Fewer workers than this do not pay: one worker beside in-thread conversion was a draw at
-# best (docs/benchmarks.md, "Issue 16", --workers 1).
+# best (docs/internals/benchmarks.md, "Issue 16", --workers 1).
 LEAST_WORKERS = 2
 # CPUs a mount keeps busy without workers: the daemon's thread replying, and the reader's own
 # copy out of the page cache.

@@ -1,4 +1,4 @@
-"""A model file with edits applied, composed without copying (``--edits``, docs/editing.md).
+"""A model file with edits applied, composed without copying (``--edits``, docs/reference/editing.md).
 
 ``compose(model_file, source, state, data)`` gives a ``ComposedFile``: the edited file's
 size and bytes, made of pieces -- a new header built here (small: the metadata and the

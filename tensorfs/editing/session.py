@@ -1,4 +1,4 @@
-"""The edit session of one mounted model (``--edits DIR``, docs/editing.md): the edits in
+"""The edit session of one mounted model (``--edits DIR``, docs/reference/editing.md): the edits in
 model terms, knowing nothing of the mount's tree.
 
 ``EditSession`` holds the state (``EditState``, kept by the ``EditStore``), composes the

@@ -1,5 +1,5 @@
 """The edit store of ``--edits DIR``: what a user changed in a mounted model, kept on disk so
-that a later mount of the same model serves the same edits (docs/editing.md).
+that a later mount of the same model serves the same edits (docs/reference/editing.md).
 
 DIR is the user's, as the disk cache's is (``tensorfs.sources.diskcache``): created 0700 if missing,
 refused in one line if it is a symbolic link, not a directory, someone else's or writable by

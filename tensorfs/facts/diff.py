@@ -1,4 +1,4 @@
-"""``tensorfs diff A B`` (docs/facts.md): what differs between two models, tensor
+"""``tensorfs diff A B`` (docs/reference/facts.md): what differs between two models, tensor
 by tensor name.
 
 Each name is one of:

@@ -1,4 +1,4 @@
-"""``tensorfs hash`` (docs/facts.md): llama.cpp's ``llama-gguf-hash`` lines, for any
+"""``tensorfs hash`` (docs/reference/facts.md): llama.cpp's ``llama-gguf-hash`` lines, for any
 model tensorfs opens.
 
 The line format, the order, the whole-model line, the UUIDv5 rule, the default algorithm

@@ -1,4 +1,4 @@
-"""The model a fact command works on (docs/facts.md): opened as a mount opens it, its
+"""The model a fact command works on (docs/reference/facts.md): opened as a mount opens it, its
 tensors in stored order, and the one line for a tensor name it lacks.
 
 A model is opened with ``tensorfs.api.open`` (the loader, sources and block cache a mount

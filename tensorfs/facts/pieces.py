@@ -4,7 +4,7 @@ buffers each worker thread reuses.
 
 Pieces are read with the sources' ``read_into`` into those buffers; the work on them runs in
 threads: ``pread``, hashlib, xxhash and numpy's loops release the GIL on buffers this large
-(docs/facts.md, "Speed", says what was measured).
+(docs/reference/facts.md, "Speed", says what was measured).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def run_ordered(work: Callable, tasks: Iterable, on_result: Callable, workers: i
 
 class Scratch(threading.local):
     """Buffers a worker thread reuses from piece to piece: touching fresh memory costs more
-    than the work on it (docs/serving.md)."""
+    than the work on it (docs/internals/serving.md)."""
 
     def __init__(self):
         self.buffers: dict[str, np.ndarray] = {}

@@ -1,4 +1,4 @@
-"""``tensorfs stats`` (docs/facts.md): what is in each tensor.
+"""``tensorfs stats`` (docs/reference/facts.md): what is in each tensor.
 
 Over the values of a tensor's ``.npy`` view (dequantized or widened to float32 as the mount
 serves them; a native type's own values), in float64: ``count`` (every element), the numbers

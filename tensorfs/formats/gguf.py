@@ -227,7 +227,7 @@ _NATIVE = "<" if sys.byteorder == "little" else ">"
 def _f32_json(x: float):
     """A float32 as the shortest decimal that round-trips in float32 (numpy's ``str`` of a
     float32); non-finite as text.  Without numpy: a GGUF's scalars are decoded at parse,
-    and a mount does not import numpy (docs/copylimit.md)."""
+    and a mount does not import numpy (docs/internals/copylimit.md)."""
     if not math.isfinite(x):
         return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
     return _f32_shortest(x)

@@ -1,5 +1,5 @@
 """The text of a metadata value, both ways: what a file of ``metadata/`` shows for a value
-(``scalar_text``, ``render_lines``; docs/shards-and-metadata.md, "metadata/")
+(``scalar_text``, ``render_lines``; docs/reference/shards-and-metadata.md, "metadata/")
 and the value a new text stands for in a key's type (``parse_text``, the inverse), the types
 a key may have (``SCALAR_TYPES``, ``valid_type``), and a value as one line of JSON
 (``json_line``, shared with metadata.json).  Values only: the file names of metadata/ are

@@ -2,7 +2,7 @@
 
 A tensorfs mount is read-only by contract, so its option list is an allow-list: an option
 not named here is refused with one line naming it, and so is a value that is not what the
-option takes.  What is refused and why (docs/cli.md has the same table):
+option takes.  What is refused and why (docs/reference/cli.md has the same table):
 
 - ``rw``: the mount is read-only; a read-write mount would answer writes with ENOSYS
   instead of the kernel refusing them with EROFS.

@@ -12,7 +12,7 @@ inode-based and lets this module
   ``LOOKUP`` per directory;
 - take reads of up to 1 MiB (libfuse 3 negotiates ``FUSE_MAX_PAGES``).
 
-docs/serving.md has the measurements.  The filesystem object given to ``Session`` answers
+docs/internals/serving.md has the measurements.  The filesystem object given to ``Session`` answers
 in plain Python values (``Entry`` tuples, bytes, counts) and raises ``FsError(errno)`` for a
 deliberate answer; ``errno_of`` (also given) turns any other exception into an errno, so
 the mapping of errors lives with the filesystem, not here.
@@ -196,7 +196,7 @@ class Session:
 
         ctypes wraps every callback from a thread Python did not start in
         PyGILState_Ensure/Release, creating and destroying a Python thread state each time
-        (-27 % daemon CPU per GiB read, docs/serving.md).  One extra Ensure, never released,
+        (-27 % daemon CPU per GiB read, docs/internals/serving.md).  One extra Ensure, never released,
         on the first call from each libfuse thread keeps the state.  That is only sound while
         libfuse keeps its workers: ``_loop`` makes sure it never destroys an idle one."""
         pinned, answer_error = self._pinned, self._answer_error
@@ -292,7 +292,7 @@ class Session:
         reads in read-ahead windows, 128 KiB by default for a FUSE mount, and the INIT reply
         can only lower that.  The mount's own backing device takes a larger window through
         sysfs (root only), once INIT is done: hence here, on a first request.  Benchmark
-        rows 1 and 4 (docs/serving.md)."""
+        rows 1 and 4 (docs/internals/serving.md)."""
         self._tune_pending = False
         device = mount_device(self._mountpoint)
         path = f"/sys/class/bdi/{device}/read_ahead_kb"
@@ -874,7 +874,7 @@ class Session:
         # Before 3.12 workers are started without a cap, and those idle beyond
         # max_idle_threads are destroyed, each leaking the Python thread state it pinned
         # (the usual 10 on 3.10.5: +3.9 MB per 2000 bursts, growing without end; none kept:
-        # flat, docs/serving.md).  So none is destroyed: the pool stays at the most requests
+        # flat, docs/internals/serving.md).  So none is destroyed: the pool stays at the most requests
         # ever in flight at once.  INT_MAX, the largest value libfuse reads as an int:
         # UINT_MAX would compare as -1 and destroy every worker after each request.
         config = LoopConfig32(0, 2**31 - 1)

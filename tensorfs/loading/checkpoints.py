@@ -1,4 +1,4 @@
-"""A PyTorch checkpoint served as the safetensors file it stands for (docs/pytorch.md).
+"""A PyTorch checkpoint served as the safetensors file it stands for (docs/reference/pytorch.md).
 
 ``served(model)`` turns a model whose files are checkpoints (``tensorfs.formats.pytorch``)
 into one whose files are their safetensors equivalents, composed without copying
@@ -146,7 +146,7 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     gathered from the span of its storage they reach (numpy's strided view of those bytes,
     made contiguous), a few MiB of storage at a time where the rows allow."""
     # numpy with the mount of a checkpoint that has such a tensor (a mount of anything
-    # else does without it: docs/copylimit.md), not in the middle of a read
+    # else does without it: docs/internals/copylimit.md), not in the middle of a read
     from tensorfs.runtime.libraries import np
 
     item = ITEMSIZE[t.dtype]

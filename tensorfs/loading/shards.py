@@ -1,10 +1,10 @@
 """What the user named -> the files of one model: a single file, a Hugging Face safetensors
-index, a split GGUF, or a directory holding exactly one of those (docs/shards-and-metadata.md).
+index, a split GGUF, or a directory holding exactly one of those (docs/reference/shards-and-metadata.md).
 
 Every shard is parsed and validated by ``tensorfs.sources.modelfile.parse_source``, like a single
 file; this module only checks that the shards make one model.  Every way a set of shards is
 refused is a ``ShardError`` whose ``kind`` is a key of ``KINDS``; the CLI prints it as one
-``tensorfs: error: FILE: …`` line.  The user's version is docs/shards-and-metadata.md.
+``tensorfs: error: FILE: …`` line.  The user's version is docs/reference/shards-and-metadata.md.
 
 What is accepted, and the choices where the formats' own tools are silent:
 
@@ -382,7 +382,7 @@ def _sibling(loc: Location, directory: str, name: str, file: str, *,
 def _check_shard_count(count: int, file: str) -> None:
     if count > MAX_SHARDS:
         raise _error("too_many_shards", f"{count} shards: at most {MAX_SHARDS} are mounted "
-                     "(docs/shards-and-metadata.md)", file)
+                     "(docs/reference/shards-and-metadata.md)", file)
 
 
 def _load_index(path: str, source: str, loc: Location) -> Model:

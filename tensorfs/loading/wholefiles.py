@@ -1,4 +1,4 @@
-"""``files/`` (docs/design.md): the files a model was read from, whole and byte-identical, under
+"""``files/`` (docs/internals/design.md): the files a model was read from, whole and byte-identical, under
 their own names, so that the programs people run (llama.cpp, ``safe_open``,
 ``from_pretrained``) load the model from the mount.
 

@@ -33,13 +33,13 @@ READ_AHEAD_KIB = 1024
 
 # TENSORFS_FD_REPLIES=1 turns on replies that name the model's descriptor (splice) where
 # there is no passthrough.  Off by default: measured slower than copying through Python
-# (docs/benchmarks.md "Whole files": W1 0.09 vs 0.14, W3 0.07 vs 0.15 on libfuse 3.14).
+# (docs/internals/benchmarks.md "Whole files": W1 0.09 vs 0.14, W3 0.07 vs 0.15 on libfuse 3.14).
 FD_REPLIES = os.environ.get("TENSORFS_FD_REPLIES", "0") == "1"
 
 # TENSORFS_PASSTHROUGH=1 lets the kernel read whole local files of files/ from the model's
 # own descriptor (libfuse >= 3.17, as root).  Off by default: once the kernel reads the file
 # itself, nothing checks it after the open, so a model rewritten in place under the mount
-# would be served its new bytes, a truncated one short (docs/reliability.md).  The copy path
+# would be served its new bytes, a truncated one short (docs/internals/reliability.md).  The copy path
 # checks the file after every read.  Turn it on only for files nothing rewrites.
 PASSTHROUGH = os.environ.get("TENSORFS_PASSTHROUGH", "0") == "1"
 
@@ -324,7 +324,7 @@ def serve(tree: Tree, mountpoint: str, *, uid: int, gid: int, mtime_ns: int,
     answers requests (not before: libfuse may still refuse it after INIT), and a mount that
     never became live raises ``FuseUnavailable``.  ``options``: the mount's ``-o``, parsed
     once (``tensorfs.fuse.options``); the timeouts and the thread count are answered here,
-    ``kernel_cache`` and ``use_ino`` are always in effect (docs/serving.md).  ``on_stop()``
+    ``kernel_cache`` and ``use_ino`` are always in effect (docs/internals/serving.md).  ``on_stop()``
     is called as soon as the mount is told to end, requests still in flight (``Session``)."""
     fs = TensorFS(tree, editor)
     # an edited tree changes under the kernel: it keeps no names or misses, and the

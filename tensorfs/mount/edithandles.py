@@ -1,4 +1,4 @@
-"""The opens of an editable mount's files (``--edits DIR``, docs/editing.md): what the FUSE
+"""The opens of an editable mount's files (``--edits DIR``, docs/reference/editing.md): what the FUSE
 adapter keeps under a handle number and calls by type.  ``OpenFile`` is the interface;
 ``ReadHandle`` reads a version of a file of ``files/`` or the file as it is, and a
 ``WriteHandle`` per kind of file holds the bytes being written (``MetadataWrite``: a key's

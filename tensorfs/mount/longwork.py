@@ -1,5 +1,5 @@
 """Work too long for one FUSE request (a whole tensor's sha256), done off the request
-threads (docs/reliability.md, "One request does work bounded by that request").
+threads (docs/internals/reliability.md, "One request does work bounded by that request").
 
 An ask gets the value if it is done, else a ``Later`` (tensorfs.fuse.operations) that the
 work settles: the session keeps the request and answers it then, so the asker simply

@@ -1,6 +1,6 @@
-"""The ``metadata/`` directory (docs/shards-and-metadata.md): one file per metadata key, made on first use.
+"""The ``metadata/`` directory (docs/reference/shards-and-metadata.md): one file per metadata key, made on first use.
 
-The user's version of these rules is docs/shards-and-metadata.md.
+The user's version of these rules is docs/reference/shards-and-metadata.md.
 
 * **File name**: the whole key, escaped like one tensor-name component (``%``, ``/``, control
   characters and undecodable bytes as ``%XX``; the empty key is ``%``; over 200 bytes it is

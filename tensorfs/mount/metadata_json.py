@@ -1,4 +1,4 @@
-"""The document behind metadata.json and ``tensorfs inspect --json`` (docs/metadata-json.md).
+"""The document behind metadata.json and ``tensorfs inspect --json`` (docs/reference/metadata-json.md).
 
 The text is written piece by piece (``metadata_json_pieces``), never as one string: a
 document of hundreds of MB (a 100k-tensor model, a big vocabulary) is served by
@@ -64,7 +64,7 @@ def _document(model: Model, paths: dict, plans: dict[str, ViewPlan],
         yield "metadata_types", _LazyObject(
             lambda: ((key, value.type_name) for key, value in model.metadata.items()))
         remote = model.url is not None or is_url(model.source)
-        if remote:  # docs/remote.md: the URL as named (no credentials), the version each file had
+        if remote:  # docs/reference/remote.md: the URL as named (no credentials), the version each file had
             yield "source", model.url or model.source
             if not model.sharded:       # "version" is the format's (GGUF 3)
                 yield "source_version", _version(model, first)

@@ -174,7 +174,7 @@ class TensorXattrs(Mapping):
     read request may ask for) is hashed in the request that asks; a larger one by the
     mount's background thread (``long_work``), the ask answered with a ``Later`` that the
     hash settles (the request waits, no thread does).  It is not listed: whatever copies the listed
-    attributes (``cp -a``, ``rsync -X``) would hash every tensor (docs/facts.md)."""
+    attributes (``cp -a``, ``rsync -X``) would hash every tensor (docs/reference/facts.md)."""
 
     __slots__ = ("tensor", "raw", "sha256", "long_work", "_job")
     NAMES = ("user.tensorfs.dtype", "user.tensorfs.shape", "user.tensorfs.offset",
@@ -308,7 +308,7 @@ def costly_bytes(model: Model) -> int:
 
 
 # What a mount serves (``--views``): each tensor's raw bytes, its .npy view, and files/ (the
-# model's own files, whole: docs/design.md).
+# model's own files, whole: docs/internals/design.md).
 VIEWS = ("raw", "npy", "files")
 TENSOR_VIEWS = ("raw", "npy")
 

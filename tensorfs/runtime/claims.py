@@ -1,5 +1,5 @@
 """One owner of a directory: a store's own directory in a DIR (``--edits DIR``) that one
-mount at a time may use (docs/editing.md "Safety").
+mount at a time may use (docs/reference/editing.md "Safety").
 
 ``claim`` takes an ``flock`` on the file ``OWNER`` in the directory, opened through the
 descriptor of the directory itself, so the lock is on that directory's file however the path

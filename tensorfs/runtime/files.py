@@ -1,6 +1,6 @@
 """Where a mount's daemon keeps its runtime files: the pid file, the status file, the log.
 
-Runtime files (docs/reliability.md "Runtime files and process hygiene"): the pid
+Runtime files (docs/internals/reliability.md "Runtime files and process hygiene"): the pid
 file, the status file ``tensorfs list`` reads and the default log live in a directory that
 only the user can write, because a directory someone else can write lets them plant a
 symlink where the daemon is about to create a file, and the daemon would then write its pid

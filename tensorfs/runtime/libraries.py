@@ -4,7 +4,7 @@ tensorfs imports them (``tests/project/test_libraries.py`` checks that no other 
     from tensorfs.runtime.libraries import np      # where numpy is first needed
     from tensorfs.runtime.libraries import gguf    # gguf-py, with numpy whole before it
 
-A mount does not import numpy (docs/copylimit.md: it is most of the mount command's
+A mount does not import numpy (docs/internals/copylimit.md: it is most of the mount command's
 imports); the first request that needs it does, on one of libfuse's threads, while others
 may be importing it too.  Python's import locks are per module: a thread that imports a
 submodule (``numpy.lib.format``) while another is inside ``import numpy`` can meet it in a

@@ -1,4 +1,4 @@
-"""Paths someone else controls, and the user's private directories (docs/reliability.md).
+"""Paths someone else controls, and the user's private directories (docs/internals/reliability.md).
 
 One rule (``others_control``) says whether a step of a path lets someone other than the user
 and root change what the path leads to: a symbolic link of another user's (who can point it

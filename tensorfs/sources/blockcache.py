@@ -20,7 +20,7 @@ block cache for tensors adds to a plain LRU of blocks:
   and reads on:
   from then on it reads whole blocks and gets the blocks after it fetched ahead,
   1, 2, 4 ... ``MAX_AHEAD`` blocks, one request per block so that several are in flight at
-  once (what a long round trip needs: docs/remote.md);
+  once (what a long round trip needs: docs/reference/remote.md);
 - **reads that wait without a thread** (``read_or_wait``): a read whose bytes are on their
   way gets a ``Future``, done once they are here and copied; cancelling it (its reader is
   gone) drops the fetches no other read waits for, queued or in flight (``Cancel``);
@@ -55,7 +55,7 @@ from tensorfs.sources.transports.base import Cancel, FetchError
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
-# transfer (docs/remote.md, "block size").
+# transfer (docs/reference/remote.md, "block size").
 BLOCK_SIZE = 4 << 20
 MAX_REQUEST = 16 << 20          # bytes in one merged request
 SMALL_TENSOR = 16 << 20         # a tensor at most this big is fetched whole at first read
@@ -69,7 +69,7 @@ EXACT_RUN = 1 << 20
 MAX_PIECES = 4096               # pieces indexed per file before those let go are forgotten
 STREAMS = 16                    # sequential readers told apart per file
 # Requests in flight per mount: 16 blocks of 4 MiB keep a 20 ms round trip busy at ~3 GB/s
-# (docs/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
+# (docs/internals/benchmarks.md "Wire speed": 4/8/16/32 in flight measured alike at 0 ms, 16 hides a
 # 20 ms RTT), and four readers of four tensors share them (R5).
 IN_FLIGHT = 16
 
@@ -140,7 +140,7 @@ def reuse_freed_blocks() -> None:
     the top of a heap trimmed at once), and the kernel zeroes and maps every page of every
     block: a third of the daemon's CPU.  One arena, blocks from the heap (up to 32 MiB, the
     most glibc allows) and freed memory kept up to the read-ahead's size halve the page faults
-    of a 1 GiB read through the default 256 MiB cache (docs/benchmarks.md, "Wire speed").
+    of a 1 GiB read through the default 256 MiB cache (docs/internals/benchmarks.md, "Wire speed").
     Elsewhere (another C library) nothing changes."""
     global _allocator_tuned
     if _allocator_tuned:

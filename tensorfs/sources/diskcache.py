@@ -1,8 +1,8 @@
-"""The disk cache of remote blocks (``--disk-cache DIR[:SIZE]``, docs/remote.md).
+"""The disk cache of remote blocks (``--disk-cache DIR[:SIZE]``, docs/reference/remote.md).
 
 DIR is the user's: it may hold anything else of theirs (a home directory, a project).  So the
 cache counts, serves and deletes only what it can prove it wrote, and never goes through a
-symbolic link (docs/reliability.md "The disk cache"):
+symbolic link (docs/internals/reliability.md "The disk cache"):
 
 - DIR is created 0700 if missing, and refused in one line if it is a symbolic link, not a
   directory, someone else's, or writable by group or others, or if a directory on the way to
@@ -109,7 +109,7 @@ class DiskCache:
     _fd = -1        # until the directory is open (``__del__`` of one that failed to open)
 
     def __init__(self, directory: str, max_bytes: int):
-        self.directory = os.path.abspath(directory)     # where the command ran (docs/remote.md)
+        self.directory = os.path.abspath(directory)     # where the command ran (docs/reference/remote.md)
         self.max_bytes = max_bytes
         self._limit = max_bytes - RESERVED
         self._target = self._limit - self._limit // 10

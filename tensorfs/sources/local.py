@@ -9,15 +9,15 @@ Reads use ``os.pread`` / ``os.preadv`` on one descriptor rather than slices of a
 page of a map that the file no longer has kills the process with SIGBUS, which Python cannot
 catch, while ``pread`` just comes back short.  It costs nothing: ``read_into`` preads straight
 into the buffer the kernel's reply is sent from, which is one copy fewer than slicing a map
-and handing the slice over (docs/serving.md, benchmark rows 1 and 6).  ``pread`` on one shared
+and handing the slice over (docs/internals/serving.md, benchmark rows 1 and 6).  ``pread`` on one shared
 descriptor is also safe and parallel across threads (no file position is shared).  A
 short read of bytes that ``stat`` promised is turned into ``SourceError`` (EIO), and the log
 says why; the daemon stays up and other files keep working.
 
-The model is promised immutable while mounted; what happens when it is not (docs/reliability.md):
+The model is promised immutable while mounted; what happens when it is not (docs/internals/reliability.md):
 
 - every read is followed by an ``fstat`` of the descriptor (a few us: measured in
-  docs/reliability.md).  Size and mtime as at mount time: the bytes just read are the
+  docs/internals/reliability.md).  Size and mtime as at mount time: the bytes just read are the
   file's bytes at mount time, since a write updates mtime before it copies data;
 - any other size or mtime (truncated, grown, rewritten in place, copied over): no byte can
   be vouched for -- a file that shrank may have been rewritten before it was cut, whatever

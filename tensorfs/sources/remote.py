@@ -1,4 +1,4 @@
-"""Remote model files (docs/remote.md): the location of a URL and the remote source
+"""Remote model files (docs/reference/remote.md): the location of a URL and the remote source
 that serves a file's bytes through the block cache (``tensorfs.sources.blockcache``).
 
 The requests themselves are the transports' (``tensorfs.sources.transports``: obstore for HTTP(S),
@@ -139,7 +139,7 @@ class RemoteSource(Source):
     kept from the parse, every other byte read through the block cache."""
 
     # the parser's growing prefix grows by at most this much past what it asked for: a mount
-    # fetches at most header + 1 MiB of each file (docs/remote.md)
+    # fetches at most header + 1 MiB of each file (docs/reference/remote.md)
     prefix_step = 1 << 20
     remote = True
     name: str

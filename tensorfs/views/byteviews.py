@@ -15,7 +15,7 @@ so that ``ls -l`` needs no lookup per file) or may have to generate content firs
 
 Each also has ``read_into(offset, buf) -> n``: the same bytes written into a writable buffer
 (the one the FUSE reply is sent from), so that the hot path builds no bytes object and copies
-once — see docs/serving.md.  ``View.read_into`` copies ``read`` for a view that has no
+once — see docs/internals/serving.md.  ``View.read_into`` copies ``read`` for a view that has no
 faster way.
 """
 

@@ -1,6 +1,6 @@
 """Tensor names -> paths inside the mount, and the tree of nodes those paths make.
 
-The escaping rule (docs/names.md has the user's version):
+The escaping rule (docs/reference/names.md has the user's version):
 
 1. A name is split on "." into components.  So no component ever contains a ".", and every
    name with a "." in it is free for tensorfs's own files (``weight.npy``, ``weight.raw``).

@@ -1,4 +1,4 @@
-"""The library API (docs/api.md) against the reference readers: safe_open, GGUFReader and
+"""The library API (docs/reference/api.md) against the reference readers: safe_open, GGUFReader and
 gguf.quants.dequantize, for every dtype family, single files and shards, and every refusal
 the command line makes (the same ModelError, the same line)."""
 

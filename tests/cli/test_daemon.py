@@ -1,4 +1,4 @@
-"""The daemon's life and its runtime files (issues 14 and 17, docs/cli.md), through the real CLI.
+"""The daemon's life and its runtime files (issues 14 and 17, docs/reference/cli.md), through the real CLI.
 
 Attacks on the runtime directory are played by real users: with root, the session creates two
 (a victim and an attacker, ``useradd``) and runs commands as them with ``setpriv``; without

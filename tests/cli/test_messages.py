@@ -33,7 +33,7 @@ def _legacy_pickle(protocol):
 
 CASES = {
     "empty": (lambda p: p.write_bytes(b""), "model.safetensors", ["the file is empty"]),
-    # a torch.save zip is read (docs/pytorch.md); this one holds no tensor
+    # a torch.save zip is read (docs/reference/pytorch.md); this one holds no tensor
     "torch-zip": (_torch_zip, "pytorch_model.bin", ["PyTorch checkpoint", "no tensor"]),
     **{f"pickle-{n}": (_legacy_pickle(n), "model.pt", ["Python pickle", "torch.save",
                                                        "does not run pickles"])

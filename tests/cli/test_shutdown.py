@@ -2,7 +2,7 @@
 
 Every way out must leave the mount point as it was before the mount — an empty directory,
 not in /proc/self/mountinfo, no "Transport endpoint is not connected" — and a daemon that
-has exited.  docs/reliability.md has what a user sees in each case.
+has exited.  docs/internals/reliability.md has what a user sees in each case.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``tensorfs unmount`` returns once the daemon has exited, also from a shell whose
-XDG_RUNTIME_DIR is not the mount's (issue 35 class 13; docs/cli.md "unmount"): the daemon
+XDG_RUNTIME_DIR is not the mount's (issue 35 class 13; docs/reference/cli.md "unmount"): the daemon
 is found from the mount itself (its root's ``user.tensorfs.pid``), not only from the
 runtime files."""
 

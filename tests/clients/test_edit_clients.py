@@ -1,5 +1,5 @@
 """llama.cpp (llama-cpp-python) loads a model edited through a mount (``--edits``,
-docs/editing.md): a new chat template in its metadata and the same greedy tokens after a
+docs/reference/editing.md): a new chat template in its metadata and the same greedy tokens after a
 metadata edit; after a tensor edit, the logits of a reference file gguf-py wrote with the
 same change."""
 

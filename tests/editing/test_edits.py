@@ -1,4 +1,4 @@
-"""Editing a model (``tensorfs mount MODEL MNT --edits DIR``, docs/editing.md).
+"""Editing a model (``tensorfs mount MODEL MNT --edits DIR``, docs/reference/editing.md).
 
 Oracles: the edited file composed by tensorfs is compared with the file gguf-py's
 ``GGUFWriter`` (byte for byte) or safetensors' ``save_file`` (through ``safe_open``) writes

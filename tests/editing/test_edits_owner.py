@@ -1,4 +1,4 @@
-"""One owner of ``--edits DIR`` (docs/editing.md "Safety"; issue 35 class 3): a DIR a live
+"""One owner of ``--edits DIR`` (docs/reference/editing.md "Safety"; issue 35 class 3): a DIR a live
 mount uses is refused to a second mount, however its path is spelled, in one line naming the
 mount that holds it; a daemon killed with SIGKILL holds nothing."""
 

@@ -1,4 +1,4 @@
-"""The tools a user edits with, through a real ``--edits`` mount (docs/editing.md, "Works
+"""The tools a user edits with, through a real ``--edits`` mount (docs/reference/editing.md, "Works
 with"): sed -i, perl -pi, vim, Python's temporary-file-and-rename, cp, dd, echo, numpy.
 Each leaves the file gguf-py's ``GGUFWriter`` writes for the same change -- a key keeps its
 type, a tool's temporary, swap and backup files never reach the model -- and what the

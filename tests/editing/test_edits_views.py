@@ -1,4 +1,4 @@
-"""Every view of an edited model agrees, whatever tool wrote the edit (docs/editing.md
+"""Every view of an edited model agrees, whatever tool wrote the edit (docs/reference/editing.md
 "Reading while editing").
 
 A tensor's raw file written by ``cp``, ``dd conv=notrunc``, ``numpy.save`` of its ``.npy``

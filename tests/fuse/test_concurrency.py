@@ -32,7 +32,7 @@ READERS = 8
 CACHE_SIZE = int(os.environ.get("TENSORFS_CONCURRENCY_CACHE", 16 << 20))
 # What the daemon holds besides the cache: the interpreter with numpy and gguf-py loaded,
 # libfuse's threads and their buffers, the converted chunks in flight and the recycled
-# chunk buffers (docs/reliability.md has the measured figures).
+# chunk buffers (docs/internals/reliability.md has the measured figures).
 FIXED_OVERHEAD = 128 << 20
 
 

@@ -1,7 +1,7 @@
-"""Faults under a live mount (issue 5; docs/reliability.md): the model file truncated, rewritten in place,
+"""Faults under a live mount (issue 5; docs/internals/reliability.md): the model file truncated, rewritten in place,
 replaced by a rename or deleted while mounted, and sources on read-only and slow filesystems.
 
-What a user sees in each case is documented in docs/reliability.md; each test below is one
+What a user sees in each case is documented in docs/internals/reliability.md; each test below is one
 row of that table.  The daemon must stay up through all of them (no SIGBUS), a read of bytes
 the mount can no longer vouch for fails with EIO (never a short file: ``st_size`` promised
 more), and the log says what happened.
@@ -78,7 +78,7 @@ def live(tmp_path, mount, mixed):
 
 
 def test_truncated_model_fails_every_read(live):
-    """docs/reliability.md: a truncated model serves nothing, not even the bytes before the cut: a
+    """docs/internals/reliability.md: a truncated model serves nothing, not even the bytes before the cut: a
     shrunk file cannot be told from one rewritten in place and then shrunk."""
     model, exp, mnt, log, pid = live
     a, b, c, d, e = exp.values()

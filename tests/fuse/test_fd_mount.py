@@ -1,6 +1,6 @@
 """MOUNTPOINT = /dev/fd/N, as libfuse (3.3 on) takes it: a privileged mounter opens
 /dev/fuse, mounts the descriptor with mount(2) and hands it to tensorfs, which serves it
-without mounting anything itself (containers: docs/containers.md).  The test plays the
+without mounting anything itself (containers: docs/guide/containers.md).  The test plays the
 mounter: it opens /dev/fuse and calls mount(2) itself."""
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _processes_of(uid: int, word: str) -> list[int]:
 
 @needs_users
 def test_a_privileged_mounter_passes_the_descriptor_to_an_unprivileged_user(users, tmp_path):
-    """examples/fdpass.py, the pattern of docs/containers.md: root mounts and sends the
+    """examples/fdpass.py, the pattern of docs/guide/containers.md: root mounts and sends the
     descriptor over a unix socket; a real non-root user receives it and runs tensorfs."""
     from safetensors.numpy import load_file
 

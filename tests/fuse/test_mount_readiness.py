@@ -1,4 +1,4 @@
-"""`tensorfs mount` returns 0 only for a mount that answers (docs/cli.md: a script may use it on
+"""`tensorfs mount` returns 0 only for a mount that answers (docs/reference/cli.md: a script may use it on
 the next line).  libfuse checks the init callback's answer only after it returns, and may
 end the session there: `-o max_read=N` once exited 0 with nothing mounted."""
 

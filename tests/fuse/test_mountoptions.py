@@ -1,4 +1,4 @@
-"""The ``-o`` allow-list (tensorfs/fuse/options.py, docs/cli.md): parsed once into one typed
+"""The ``-o`` allow-list (tensorfs/fuse/options.py, docs/reference/cli.md): parsed once into one typed
 value, every allowed option mounts on the libfuse in use (tests/fuse/test_libfuse_matrix.py runs
 this file against 3.10.5, 3.17.2 and 3.18.2), and what the kernel shows is what was asked."""
 

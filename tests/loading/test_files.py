@@ -1,4 +1,4 @@
-"""files/ (docs/design.md): the files a model was read from, whole, byte for byte, with their sizes
+"""files/ (docs/internals/design.md): the files a model was read from, whole, byte for byte, with their sizes
 and mtimes, in every form a mount takes; the reference readers (safe_open with its memory
 map, GGUFReader) read the mounted files as the local ones; a file changed under the mount is
 refused at open; the mechanism that serves local files is logged (passthrough with libfuse
@@ -72,7 +72,7 @@ def test_files_holds_each_file_as_it_is_on_disk(tmp_path, mount, form):
         assert (st.st_size, st.st_mtime_ns) == (mine.st_size, mine.st_mtime_ns), local.name
         assert st.st_mode & 0o777 == mine.st_mode & 0o444     # its own, read-only
         assert (st.st_uid, st.st_gid) == (mine.st_uid, mine.st_gid)
-    # and the library gives the same list (docs/api.md)
+    # and the library gives the same list (docs/reference/api.md)
     with tensorfs.open(given) as m:
         assert list(m.files) == sorted([p.name for p in expected] + [f"{s}/x.json" for s in sub])
         for local in expected:

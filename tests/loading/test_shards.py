@@ -1,5 +1,5 @@
-"""Sharded models (docs/shards-and-metadata.md): a Hugging Face safetensors index written next to shards saved by
-safetensors.numpy, and split GGUF written by gguf-py's GGUFWriter(split_max_tensors=…),
+"""Sharded models (docs/reference/shards-and-metadata.md): a Hugging Face safetensors index
+written next to shards saved by safetensors.numpy, and split GGUF written by gguf-py's GGUFWriter(split_max_tensors=…),
 mounted for real from each form a user may name, read back and compared with the reference
 readers (safe_open per shard, GGUFReader per split file); every broken set refused with one
 line by both ``inspect`` and ``mount``."""

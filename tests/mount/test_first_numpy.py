@@ -1,4 +1,4 @@
-"""numpy comes with the first request that needs it, not with the mount (docs/copylimit.md),
+"""numpy comes with the first request that needs it, not with the mount (docs/internals/copylimit.md),
 and many requests that each are the first to need it, at once, all get their bytes.
 
 Python's import locks are per module: a thread importing a numpy submodule while another

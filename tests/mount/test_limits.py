@@ -2,7 +2,7 @@
 larger than the cache, names whose shape used to cost memory quadratic in their depth,
 strict JSON and surrogates, directory entries over NAME_MAX, split GGUF keys out of range,
 and an index refused by its size before it is read.  Each test goes through the real CLI or
-a real mount; docs/reliability.md §5 lists the classes and these tests.
+a real mount; docs/internals/reliability.md §5 lists the classes and these tests.
 """
 
 from __future__ import annotations
@@ -446,7 +446,7 @@ def test_a_shard_that_is_a_directory_is_not_called_missing(tmp_path):
 @pytest.mark.parametrize("given", ["index", "directory"])
 def test_a_huge_sparse_index_is_refused_before_it_is_read(tmp_path, given):
     """A sparse 900 MB index cost 1.9 GB before it was refused; now its size is checked
-    with fstat first (MAX_INDEX_BYTES, docs/limits.md)."""
+    with fstat first (MAX_INDEX_BYTES, docs/reference/limits.md)."""
     from tensorfs.loading.shards import MAX_INDEX_BYTES
 
     directory = tmp_path / "hf"

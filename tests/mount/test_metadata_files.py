@@ -1,4 +1,4 @@
-"""metadata/ (docs/shards-and-metadata.md): one file per metadata key, read with cat, wc -l and grep, compared
+"""metadata/ (docs/reference/shards-and-metadata.md): one file per metadata key, read with cat, wc -l and grep, compared
 with gguf-py's GGUFReader and safetensors' safe_open on the same files."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Extended attributes (docs/shards-and-metadata.md): user.tensorfs.{dtype,shape,offset,shard} on every tensor
+"""Extended attributes (docs/reference/shards-and-metadata.md): user.tensorfs.{dtype,shape,offset,shard} on every tensor
 file, read with os.getxattr / os.listxattr and getfattr, compared with the reference readers;
 nothing on directories and generated files."""
 
@@ -108,7 +108,7 @@ def test_missing_attributes_directories_and_generated_files(tmp_path, mount):
 
 def test_other_namespaces_are_unsupported_so_ls_stops_asking(tmp_path, mount):
     """ls -l asks every file for its SELinux label and ACLs; EOPNOTSUPP (not ENODATA) is the
-    answer coreutils remembers per file system (docs/serving.md)."""
+    answer coreutils remembers per file system (docs/internals/serving.md)."""
     model = tmp_path / "m.safetensors"
     write_safetensors(model)
     mnt = mount(model)

@@ -1,4 +1,4 @@
-"""Fixtures of the remote tests (docs/remote.md): the models, written by the reference writers, served
+"""Fixtures of the remote tests (docs/reference/remote.md): the models, written by the reference writers, served
 by a real nginx (plain HTTP and the Hugging Face Hub's layout) and by moto's S3 server, all
 started here for the session on 127.0.0.1 and stopped at its end; ``rmount`` mounts a URL
 through the real ``tensorfs`` command with the endpoints in its environment."""
@@ -83,7 +83,7 @@ def _write_corpus(root: Path) -> Corpus:
 
 def folder_files(model: Model) -> dict[str, Path]:
     """Every regular file of the model's folder: a repo or prefix holds what the local
-    directory does, so that their mounts' files/ agree (docs/design.md)."""
+    directory does, so that their mounts' files/ agree (docs/internals/design.md)."""
     return {p.name: p for p in sorted(model.folder.iterdir()) if p.is_file()}
 
 

@@ -1,4 +1,4 @@
-"""A fleet on one origin fetch (docs/fleet.md): nodes mount one URL through a caching nginx
+"""A fleet on one origin fetch (docs/guide/fleet.md): nodes mount one URL through a caching nginx
 (``slice``, ``proxy_cache``, ``proxy_cache_lock``: ``servers.CacheTier``, the config the page
 shows) in front of an origin nginx.  Four mounts reading the whole model at once get every
 byte right while the origin sends the file about once (its access log); a model replaced at
@@ -171,7 +171,7 @@ def test_four_nodes_behind_the_tier_read_every_byte_with_one_origin_fetch(versio
 
 def test_each_node_keeps_its_own_disk_cache_of_the_tiers_blocks(versions, servers, node,
                                                                 tmp_path):
-    """``--disk-cache`` per node, as docs/fleet.md says: two nodes fill their own caches
+    """``--disk-cache`` per node, as docs/guide/fleet.md says: two nodes fill their own caches
     through the tier (the origin sends the file once); a node mounted again reads every
     block from its disk, asking the tier only for the header at mount."""
     model = versions[0]
@@ -398,7 +398,7 @@ def test_s3_through_the_tier_fetches_an_object_once(versions, moto, proxy, node,
 
 
 def _readiness_probe() -> str:
-    """The readiness command of docs/fleet.md's DaemonSet, as ``sh -c`` runs it."""
+    """The readiness command of docs/guide/fleet.md's DaemonSet, as ``sh -c`` runs it."""
     page = (ROOT / "docs" / "fleet.md").read_text()
     line = re.search(r"^ +command: \[sh, -c, (\".*tensorfs list --json.*\")\]$", page, re.M)
     return json.loads(line.group(1))
@@ -445,7 +445,7 @@ def test_a_node_served_through_a_descriptor_is_ready_by_the_pages_probe(versions
 
 
 def test_the_docs_show_the_config_the_tier_runs():
-    """docs/fleet.md's nginx block is CACHE_TIER_SITE with the page's example values."""
+    """docs/guide/fleet.md's nginx block is CACHE_TIER_SITE with the page's example values."""
     page = (ROOT / "docs" / "fleet.md").read_text()
     blocks = re.findall(r"```nginx\n(.*?)```", page, re.S)
     assert CACHE_TIER_SITE.format(**CACHE_TIER_EXAMPLE) in blocks

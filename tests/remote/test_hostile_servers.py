@@ -1,7 +1,7 @@
 """Hostile and broken servers (issue 21): every answer is bounded by what was asked
 (at mount and on reads), every wait by --timeout, each bad answer is one error line; an
 https:// URL never goes to http://, a token never crosses to another origin, an S3 version
-named in the URL is the one mounted, ~/.netrc is read as docs/remote.md says.  The servers
+named in the URL is the one mounted, ~/.netrc is read as docs/reference/remote.md says.  The servers
 are small asyncio servers started here on 127.0.0.1; how much a hostile server managed to
 send is what bounds the client's memory (it cannot send what is not read)."""
 
@@ -308,7 +308,7 @@ def test_a_query_other_than_a_version_is_refused_in_one_line(s3, remote_env):
 
 
 def test_netrc_gives_the_login_of_its_host(nginx, corpus, rmount, remote_env, tmp_path):
-    """docs/remote.md: a URL without user:password takes its host's login from ~/.netrc
+    """docs/reference/remote.md: a URL without user:password takes its host's login from ~/.netrc
     (as curl --netrc-optional), shown nowhere."""
     home = tmp_path / "home"
     home.mkdir()

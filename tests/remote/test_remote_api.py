@@ -1,4 +1,5 @@
-"""``tensorfs.open(URL)`` (docs/api.md, docs/remote.md): the same metadata, tensors, bytes and arrays as
+"""``tensorfs.open(URL)`` (docs/reference/api.md, docs/reference/remote.md):
+the same metadata, tensors, bytes and arrays as
 ``tensorfs.open`` of the local files with the same bytes, over plain HTTP, hf:// and s3://
 against the test servers.  Each check runs in a fresh interpreter with the environment a
 user would set (huggingface_hub reads HF_ENDPOINT when it is imported)."""

@@ -1,4 +1,4 @@
-"""The block cache of remote files (tensorfs.sources.blockcache, docs/remote.md), against a real nginx
+"""The block cache of remote files (tensorfs.sources.blockcache, docs/reference/remote.md), against a real nginx
 on 127.0.0.1 (tests/support/servers.py): the requests it makes are read from nginx's access log, the
 bytes it returns compared with the file's.  One request per block however many readers want
 it, adjacent missing blocks in one request, a small tensor whole, read-ahead that stays in
@@ -238,7 +238,7 @@ def test_a_disk_cache_others_control_is_refused(server, tmp_path, problem):
 
 def test_a_long_header_is_fetched_with_at_most_1_mib_more(server, tmp_path):
     """A GGUF whose vocabulary makes a header of megabytes: the loader's growing prefix
-    reads the header and at most 1 MiB past it (docs/remote.md), in a few requests."""
+    reads the header and at most 1 MiB past it (docs/reference/remote.md), in a few requests."""
     import gguf
 
     from tensorfs.loading.loader import load_model

@@ -1,8 +1,8 @@
-"""--disk-cache (docs/remote.md): a second mount of the same object version reads the blocks the
+"""--disk-cache (docs/reference/remote.md): a second mount of the same object version reads the blocks the
 first fetched from disk (counted from nginx's access log: no block fetched twice), another
 version never sees them, and the directory stays within its size.
 
-The disk cache touches nothing it did not write (issue 21; docs/reliability.md "The disk
+The disk cache touches nothing it did not write (issue 21; docs/internals/reliability.md "The disk
 cache"): a user's files in DIR, a DIR that is another user's symlink, a block changed on
 disk, a relative DIR, a mirror of the same commit, two mounts sharing DIR, a killed writer's
 temporary file.  The unit-level twins: tests/sources/test_diskcache.py."""

@@ -1,4 +1,4 @@
-"""``--disk-cache DIR`` shared by live mounts (docs/remote.md "The disk cache"; issue 35
+"""``--disk-cache DIR`` shared by live mounts (docs/reference/remote.md "The disk cache"; issue 35
 class 3): unlike ``--edits DIR``, one DIR serves any number of mounts at once.  Proved here
 with two mounts of one object and one of another copy on one small DIR, read by several
 threads at once while every put evicts: every byte each reader gets is the reference's, and

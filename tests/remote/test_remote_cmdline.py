@@ -1,5 +1,5 @@
 """A secret never reaches argv, /proc/PID/cmdline, ``list``, the log, an error line,
-metadata.json or the fsname, however it was spelled (issue 21, docs/inputs.md
+metadata.json or the fsname, however it was spelled (issue 21, docs/reference/inputs.md
 "Credentials"): a token in a URL's user name, a user:password, a query, and a
 --storage-option value given under any abbreviation argparse accepts."""
 

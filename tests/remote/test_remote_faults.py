@@ -1,4 +1,4 @@
-"""Faults of remote models (docs/remote.md): each refusal at mount is one line saying which; an
+"""Faults of remote models (docs/reference/remote.md): each refusal at mount is one line saying which; an
 object replaced under a live mount gives EIO, never new bytes (or, where the version is
 addressable, the pinned version's bytes); a server that goes away or stalls gives EIO within
 ``--timeout`` with the daemon alive; dropped connections, 503 and 429 are retried (a fault
@@ -26,7 +26,7 @@ from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_
 from tests.support.servers import HubRepo, free_port
 
 EIO = errno.EIO
-RETRIES = 5          # docs/remote.md: up to 5 tries per read
+RETRIES = 5          # docs/reference/remote.md: up to 5 tries per read
 
 
 # -- refusals at mount ------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def test_nginx_stopped_under_a_live_mount_gives_eio_within_the_timeout(fresh_ngi
 @pytest.fixture(scope="module")
 def many_tensors(nginx, tmp_path_factory):
     """16 tensors of 256 KiB, each 1 MiB into a 4 MiB block of its own (the block size of
-    docs/remote.md), served by the session's nginx: a fresh tensor for each fault sequence,
+    docs/reference/remote.md), served by the session's nginx: a fresh tensor for each fault sequence,
     fetched in one request."""
     from safetensors.numpy import save_file
 

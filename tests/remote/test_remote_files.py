@@ -1,4 +1,4 @@
-"""files/ of a remote mount (docs/design.md) over http and the Hub's layout (nginx): the bytes equal
+"""files/ of a remote mount (docs/internals/design.md) over http and the Hub's layout (nginx): the bytes equal
 the served files, and the files share the block cache with the tensors: a block fetched for
 a tensor is not fetched again for the whole file, nor the reverse (counted in nginx's access
 log)."""

@@ -1,6 +1,6 @@
 """A URL's mount (the daemon reads the headers after the fork) serves files/, metadata.json
 and the tree's listing without loading numpy: the first converted .npy brings it
-(docs/copylimit.md: numpy was most of a mount's imports, and of the time to a first byte)."""
+(docs/internals/copylimit.md: numpy was most of a mount's imports, and of the time to a first byte)."""
 
 from __future__ import annotations
 

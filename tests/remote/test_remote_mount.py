@@ -1,4 +1,4 @@
-"""Remote models mounted through the real command (docs/remote.md) over plain HTTP (nginx), the
+"""Remote models mounted through the real command (docs/reference/remote.md) over plain HTTP (nginx), the
 Hugging Face Hub's layout (nginx behind HF_ENDPOINT) and S3 (moto), in every form: one file,
 a sharded index, a split GGUF's first shard, a repo or prefix as a directory.  Each mount's
 raw files and .npy views equal the reference readers' (safe_open, GGUFReader,
@@ -52,7 +52,7 @@ def test_a_remote_model_reads_as_the_reference_readers_and_the_local_mount(
     assert_same_tree(rmnt, mount(model.local))
     doc = doc_of(rmnt)
     assert doc["source"] == url
-    # the version pinned at mount: each shard's, or the one file's (docs/remote.md)
+    # the version pinned at mount: each shard's, or the one file's (docs/reference/remote.md)
     versions = [s["version"] for s in doc["shards"]] if "shards" in doc else [doc["source_version"]]
     assert all(versions), doc
     if transport == "hf":
@@ -102,7 +102,7 @@ def test_a_tensor_of_several_blocks_reads_back_at_every_offset(nginx, corpus, rm
 
 def test_mount_fetches_the_header_and_a_read_fetches_its_tensor(nginx, corpus, rmount):
     """Mount: ≤ header + 1 MiB.  numpy.load of one small tensor: its bytes and nothing far
-    from them (at most one 4 MiB block beyond, docs/remote.md)."""
+    from them (at most one 4 MiB block beyond, docs/reference/remote.md)."""
     model = corpus.models["big"]
     mark = nginx.log_mark()
     rmnt = rmount(f"{nginx.url}/files/big/big.safetensors")

@@ -1,4 +1,4 @@
-"""Shard names and shard counts against a real server (issue 21, docs/inputs.md "Shard
+"""Shard names and shard counts against a real server (issue 21, docs/reference/inputs.md "Shard
 names" and "Cost per shard"): an index served over HTTP, with the user's basic-auth
 credentials in its URL, cannot make tensorfs request anything outside the index's directory,
 and a many-shard index costs memory by the shard's header, not by the bytes fetched."""

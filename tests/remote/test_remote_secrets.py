@@ -1,4 +1,4 @@
-"""A credential never appears (docs/remote.md): not in metadata.json, the daemon's log, an error
+"""A credential never appears (docs/reference/remote.md): not in metadata.json, the daemon's log, an error
 line, the daemon's arguments (/proc/PID/cmdline) or the mount's fsname (/proc/self/mountinfo,
 what findmnt shows).  Three kinds: HF_TOKEN for a gated repo, a user:password and a signed
 query in an http URL, an S3 secret given with --storage-option."""

@@ -1,4 +1,4 @@
-"""One owner for a mount's state (tensorfs.status, docs/cli.md): a remote source whose object
+"""One owner for a mount's state (tensorfs.status, docs/reference/cli.md): a remote source whose object
 changed under the mount says so in the status file, as a local one does, and ``tensorfs
 list`` shows "source changed" with the reason (issue 21)."""
 

@@ -1,4 +1,4 @@
-"""TLS trust as curl, requests and pip users expect it (docs/remote.md, "TLS"): a server
+"""TLS trust as curl, requests and pip users expect it (docs/reference/remote.md, "TLS"): a server
 certificate that is not trusted is one line that says so, why (rustls's own word) and what
 to do; a private CA is trusted through ``--storage-option root_certificate=`` (a PEM file's
 path or its text), SSL_CERT_FILE or SSL_CERT_DIR, up to reads in the daemon; a certificate

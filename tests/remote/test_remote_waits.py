@@ -1,4 +1,4 @@
-"""Reads of a remote model that wait without holding a thread (docs/remote.md, "Reads that
+"""Reads of a remote model that wait without holding a thread (docs/reference/remote.md, "Reads that
 wait"): a read whose bytes are on their way is kept by the daemon, not by one of libfuse's
 threads, so that other requests are answered meanwhile; a reader killed while its read
 waits ends the fetch made for it (the server sees the connection close), long before

@@ -1,4 +1,4 @@
-"""The disk cache touches nothing it did not write (issue 21, docs/reliability.md
+"""The disk cache touches nothing it did not write (issue 21, docs/internals/reliability.md
 "The disk cache"), at the unit level: ``tensorfs.sources.diskcache.DiskCache`` on a real directory,
 several processes sharing it, no FUSE and no network.  The same classes through real mounts
 and nginx: tests/remote/test_remote_cache.py."""

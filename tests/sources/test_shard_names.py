@@ -1,4 +1,4 @@
-"""An index cannot reach outside its directory (issue 21, docs/inputs.md "Shard
+"""An index cannot reach outside its directory (issue 21, docs/reference/inputs.md "Shard
 names"): every name a model's own files or a directory listing give for a sibling file is
 checked by one rule (``tensorfs.sources.location.name_problem``) before anything is opened, the same
 for a local directory and every transport.  Where the name is a real file here, the old code

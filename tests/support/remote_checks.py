@@ -1,5 +1,5 @@
 """What the remote tests hold a mount to: the reference readers on the same bytes, and the
-local mount of the same files (docs/remote.md: the tree, metadata.json, views and errors are those
+local mount of the same files (docs/reference/remote.md: the tree, metadata.json, views and errors are those
 of the local file with the same bytes)."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def fetched(log: list[dict], path_part: str) -> int:
 
 
 def assert_mount_fetched_headers_only(log: list[dict], files: list[Path], prefix: str) -> None:
-    """Per file: at most its header + 1 MiB was sent while mounting (docs/remote.md)."""
+    """Per file: at most its header + 1 MiB was sent while mounting (docs/reference/remote.md)."""
     for path in files:
         sent = fetched(log, f"{prefix}{path.name}")
         assert sent <= header_size(path) + MiB, (path.name, sent, header_size(path))

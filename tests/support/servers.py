@@ -16,7 +16,7 @@
   add round-trip time with a window-limited delay line, as a long link does (tc netem is not
   in this VM's kernel).
 * ``CacheTier``: a caching nginx in front of an origin (the ``slice`` module, ``proxy_cache``
-  and ``proxy_cache_lock``), from ``CACHE_TIER_SITE``, the config docs/fleet.md shows.
+  and ``proxy_cache_lock``), from ``CACHE_TIER_SITE``, the config docs/guide/fleet.md shows.
 """
 
 from __future__ import annotations
@@ -743,10 +743,10 @@ def _parse_response(head: bytes) -> tuple[int, dict]:
     return status, _headers([line for line in lines[1:] if line])
 
 
-# -- a caching tier in front of an origin (docs/fleet.md) ----------------------------------
+# -- a caching tier in front of an origin (docs/guide/fleet.md) ----------------------------------
 
 # What goes in nginx's http {} block: the same text, with the example values below, is the
-# config docs/fleet.md shows (tests/remote/test_fleet.py compares the two).
+# config docs/guide/fleet.md shows (tests/remote/test_fleet.py compares the two).
 CACHE_TIER_SITE = r"""proxy_cache_path {cache_dir} levels=1:2 keys_zone=tensorfs:64m
                  max_size={max_size} inactive=30d use_temp_path=off;
 
@@ -781,7 +781,7 @@ server {{
     }}
 }}
 """
-# the values docs/fleet.md shows
+# the values docs/guide/fleet.md shows
 CACHE_TIER_EXAMPLE = {"cache_dir": "/var/cache/nginx/tensorfs", "max_size": "500g",
                       "origin": "models.internal:80", "listen": "8080", "valid": "1m"}
 

@@ -1,4 +1,4 @@
-"""Transports: the requests that fetch a remote file's bytes (docs/remote.md).
+"""Transports: the requests that fetch a remote file's bytes (docs/reference/remote.md).
 
 One module per protocol family, each turning its library's failures into ``FetchError``:
 

@@ -9,7 +9,7 @@ this module adds to its ``get``:
   not show ``Content-Length``).  The body is taken as the stream's one chunk of at least the
   range's length (``min_chunk_size``): obstore receives it outside Python and hands it over
   as one ``bytes``, made with the GIL held (``bytes()`` read R1 ~30 % faster, unbounded:
-  docs/benchmarks.md "Wire speed"); one more step of the stream must then find its end.  A body in a
+  docs/internals/benchmarks.md "Wire speed"); one more step of the stream must then find its end.  A body in a
   ``Content-Encoding`` other than identity is refused (reqwest here does not decode one, so
   its bytes would not be the file's);
 - **an off switch**: a request given a ``Cancel`` (the daemon's block fetches) runs through
@@ -576,10 +576,10 @@ def untrusted_certificate(text: str, where: str) -> FetchError:
                "which rustls refuses even when trusted: make it with -addext "
                "basicConstraints=critical,CA:FALSE, or make a CA and a server certificate it "
                "signs, then trust that certificate or the CA with root_certificate=PATH "
-               "(docs/remote.md)")
+               "(docs/reference/remote.md)")
     elif reason == "UnsupportedCertVersion":
         why = ("it is an X.509 v1 certificate, which rustls refuses: make a v3 one with a "
-               "subjectAltName (docs/remote.md)")
+               "subjectAltName (docs/reference/remote.md)")
     elif reason == "NotValidForName":
         names = [f"{'DNS' if kind == 'DnsName' else 'IP'}:{name}"
                  for kind, name in _PRESENTED.findall(compact.split("presented:", 1)[-1])]
