@@ -39,7 +39,13 @@ import pickletools
 from typing import Callable, NamedTuple, NoReturn
 
 from tensorfs.errors import PytorchError
-from tensorfs.formats.ziparchive import ZIP_MAGIC, read_entries, read_exact
+from tensorfs.formats.ziparchive import (
+    ZIP_MAGIC,
+    archive_prefix,
+    check_records,
+    read_entries,
+    read_exact,
+)
 from tensorfs.model import MetadataValue, ModelFile, TensorInfo
 
 # Every PytorchError.kind (the module docstring says what each means)
@@ -517,7 +523,8 @@ def _parse(read, file_size, path, mtime) -> ModelFile:
     if head[:4] != ZIP_MAGIC:
         raise _error("zip", "not a zip archive (torch.save writes one)", offset=0)
     entries = read_entries(read, file_size)
-    prefix = next(iter(entries)).split("/", 1)[0] if entries else ""
+    prefix = archive_prefix(entries)
+    check_records(read, file_size, entries, prefix)
     if f"{prefix}/constants.pkl" in entries or f"{prefix}/code/" in entries or \
             any(n.startswith(f"{prefix}/code/") for n in entries):
         raise _error("unsupported", "a TorchScript archive (torch.jit.save): its code is not "
