@@ -23,7 +23,7 @@ def _torch_seeds() -> list[bytes]:
     from tests.support.pytorch_models import tricky_state_dict
 
     out = []
-    for protocol in (2, 4):
+    for protocol in (2, 3):          # the protocols torch.load(weights_only=True) reads
         buf = io.BytesIO()
         torch.save(tricky_state_dict(), buf, pickle_protocol=protocol)
         out.append(buf.getvalue())
