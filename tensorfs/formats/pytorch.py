@@ -3,20 +3,22 @@ never run.
 
 A checkpoint is a zip archive (``PREFIX/data.pkl``, ``PREFIX/byteorder``, one stored entry
 ``PREFIX/data/KEY`` per storage ...), read by ``tensorfs.formats.ziparchive`` as torch reads
-it.  ``data.pkl`` is then walked opcode by opcode (``pickletools.genops``: a
-decoder, it calls nothing) on a stack of plain values: a global is only ever a name, and a
-call only ever one of the few functions ``torch.load(weights_only=True)`` allows, whose
-effect is modelled here (``_rebuild_tensor_v2`` gives a tensor record: its storage, offset,
-shape and strides).  Nothing of the file is imported, called or constructed.
+it.  ``data.pkl`` is then walked opcode by opcode as torch's weights-only ``Unpickler``
+walks it (the same opcodes, stack and mark stack, read here: nothing is called) on a stack of
+plain values: a global is only ever a name of torch's allow-list, and a call only ever one
+of those, whose effect is modelled here, each argument applied or refused
+(``_rebuild_tensor_v2`` gives a tensor record: its storage, offset, shape and strides).
+Nothing of the file is imported, called or constructed.
 
 What is refused, each one ``PytorchError`` whose ``kind`` is below, in one line:
 
 ``forbidden``     a global outside the allow-list (``forbidden global os.system at byte N``),
-                  an opcode torch's weights-only reader refuses (INST, OBJ, EXT*, out-of-band
-                  buffers, NEWOBJ_EX), a persistent id other than a storage, a call or BUILD
-                  on something not allowed;
+                  an opcode torch's weights-only reader refuses (FRAME, STACK_GLOBAL,
+                  MEMOIZE, INST, OBJ, EXT*, out-of-band buffers, NEWOBJ_EX ...), a persistent
+                  id other than a storage, a call or BUILD on something not allowed;
 ``unsupported``   an allowed global this reader does not serve (a sparse, quantized, nested
-                  or meta tensor), a big-endian checkpoint, a TorchScript archive;
+                  or meta tensor), a negative or conjugate view, a state that sets a
+                  tensor's data, a big-endian checkpoint, a TorchScript archive;
 ``legacy``        the pre-zip format of torch < 1.6;
 ``zip``           a damaged container: no end record, entries outside the file, a compressed
                   or encrypted entry, an unsafe entry name (``..``, ``/abs``, ``\\``), two
@@ -379,9 +381,12 @@ class _Walker:
     def hashable(self, value, pos):
         """A dict key or set member: a scalar, or a flat tuple of scalars (never a nested
         one, whose hash would recurse as deep as the pickle nests it)."""
-        if type(value) in _SCALARS or (type(value) in (tuple, Size) and
-                                       all(type(v) in _SCALARS for v in value)):
+        if type(value) in _SCALARS:
             return value
+        if type(value) in (tuple, Size):
+            self.spend(len(value), pos)
+            if all(type(v) in _SCALARS for v in value):
+                return value
         self.fail("structure", f"a {type(value).__name__} as a key", pos)
 
     def container(self, value, kind, pos):
@@ -393,6 +398,7 @@ class _Walker:
         """``func(*args)``'s arguments: a tuple or list, as torch's REDUCE takes them."""
         if type(args) not in (tuple, list, Size):
             self.fail("structure", f"arguments that are a {type(args).__name__}", pos)
+        self.spend(len(args), pos)
         return tuple(args)
 
     def global_(self, module: str, attr: str, pos: int) -> Global:
@@ -449,9 +455,12 @@ class _Walker:
         return known
 
     def spend(self, n: int, pos: int) -> None:
+        """Work (items copied or counted, bytes made) charged to the pickle's budget: a
+        container the pickle gives once may be passed to a call at every reuse of it."""
         self.budget -= n
         if self.budget < 0:
-            self.fail("structure", "values larger than the pickle is worth", pos)
+            self.fail("structure", "the calls of the pickle cost more than it is worth (a "
+                      "large value reused in many calls)", pos)
 
     def new(self, cls, args, pos):
         """NEWOBJ: ``torch.nn.Parameter(*args)``, or ``cls.__new__(cls, *args)``."""
@@ -478,6 +487,7 @@ class _Walker:
         ``set_``)."""
         if type(inst) is ODict:                 # its __dict__.update(state)
             if type(state) in (list, tuple):
+                self.spend(len(state), pos)
                 for item in state:
                     if type(item) not in (tuple, list) or len(item) != 2:
                         self.fail("structure", "BUILD of an OrderedDict with other than "
@@ -551,6 +561,8 @@ class _Walker:
         if not args:
             return out
         arg = args[0]
+        if type(arg) in _DICTS or type(arg) in (list, tuple):
+            self.spend(len(arg), pos)
         if type(arg) in _DICTS:
             out.update(arg)
         elif type(out) is Counter:
@@ -569,10 +581,13 @@ class _Walker:
     def iterable(self, value, pos):
         if type(value) in (list, tuple, Size, set, str, bytes, bytearray) or \
                 type(value) in _DICTS:
+            self.spend(len(value), pos)
             return value
         self.fail("structure", f"a {type(value).__name__} where a sequence belongs", pos)
 
     def ints(self, value, what: str, pos: int, signed: bool = False) -> tuple:
+        if type(value) in (tuple, list, Size):
+            self.spend(len(value), pos)
         if type(value) not in (tuple, list, Size) or \
                 not all(type(v) is int and (signed or v >= 0) and -_INT64 <= v < _INT64
                         for v in value):
@@ -602,6 +617,8 @@ class _Walker:
         if not args:
             return bytearray()
         arg = args[0]
+        if type(arg) in (bytes, bytearray, list, tuple, str):
+            self.spend(len(arg), pos)
         if len(args) == 1 and type(arg) in (bytes, bytearray):
             return bytearray(arg)
         if len(args) == 1 and type(arg) is int and arg >= 0:
@@ -702,6 +719,7 @@ class _Walker:
                 continue
             if type(part) not in _DICTS:
                 self.fail("structure", f"a tensor's state that is a {type(part).__name__}", pos)
+            self.spend(len(part), pos)
             for key in part:
                 if type(key) is not str:
                     self.fail("structure", f"a tensor's attribute named by a "
