@@ -449,9 +449,10 @@ class _Walker:
         if have is None:
             self.fail("storage", f"storage {_show(key)} has no entry data/{_show(key)[1:-1]}",
                       pos)
-        if have < numel * size:
-            self.fail("storage", f"storage {_show(key)} is {have} bytes, shorter than its "
-                      f"{numel} elements of {size} bytes", pos)
+        if have != numel * size:                # torch requires the record's size exactly
+            self.fail("storage", f"storage {_show(key)} is {have} bytes, "
+                      f"{'shorter' if have < numel * size else 'longer'} than its {numel} "
+                      f"elements of {size} bytes", pos)
         return known
 
     def spend(self, n: int, pos: int) -> None:

@@ -278,8 +278,8 @@ def record(read, file_size: int, entries: dict[str, Entry], name: str,
 def check_records(read, file_size: int, entries: dict[str, Entry], prefix: str) -> None:
     """The records torch's reader checks before it reads anything else: a version
     (``.data/version``, else ``version``: an integer as ``std::stoll`` reads it, from
-    ``MIN_VERSION`` to ``MAX_VERSION``) and, where there is one, a ``.storage_alignment``
-    that Python's ``int`` reads."""
+    ``MIN_VERSION`` to ``MAX_VERSION``) and, where there are, a ``.data/serialization_id`` of
+    UTF-8 and a ``.storage_alignment`` that Python's ``int`` reads."""
     version = record(read, file_size, entries, f"{prefix}/.data/version", 64)
     if version is None:
         version = record(read, file_size, entries, f"{prefix}/version", 64)
@@ -289,6 +289,12 @@ def check_records(read, file_size: int, entries: dict[str, Entry], prefix: str) 
     if match is None or not MIN_VERSION <= int(match[1]) <= MAX_VERSION:
         raise _error("zip", f"archive version {version[:20]!r}: torch reads versions "
                      f"{MIN_VERSION} to {MAX_VERSION}")
+    ident = record(read, file_size, entries, f"{prefix}/.data/serialization_id", 4096)
+    if ident is not None:
+        try:                # torch.load hands it to Python as a str
+            ident.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _error("zip", f"serialization id {ident[:20]!r} is not UTF-8") from None
     alignment = record(read, file_size, entries, f"{prefix}/.storage_alignment", 64)
     if alignment is not None:
         try:

@@ -198,6 +198,12 @@ ZIPS = {
     "storage alignment unreadable": (
         lambda: _rewritten(lambda n, d: [(n, b"x" if n.endswith(".storage_alignment") else d)]),
         ["storage alignment"]),
+    "serialization id not UTF-8": (
+        lambda: _rewritten(lambda n, d: [(n, b"\xff" * 8 if n.endswith("serialization_id")
+                                          else d)]), ["serialization id"]),
+    "storage record longer than its elements": (
+        lambda: _rewritten(lambda n, d: [(n, d + b"\0" * 4 if n.endswith("data/0") else d)]),
+        ["longer than"]),
     "another top folder name": (lambda: _rewritten(_renamed("archive/", "weights/")), None),
     "two top folders": (lambda: _rewritten(lambda n, d: [(n.replace("archive/", "other/"), d)]
                                            if n.endswith("data/0") else [(n, d)]),
