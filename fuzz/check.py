@@ -390,6 +390,7 @@ def mutate_pytorch(data: bytes, rng: random.Random, pool=()) -> bytes:
     """A checkpoint with its data.pkl's bytes mutated (the zip rebuilt around it, so the
     walker, not the container check, meets the change), or one of its other entries."""
     import io
+    import warnings
     import zipfile
 
     with zipfile.ZipFile(io.BytesIO(data)) as z:
@@ -409,7 +410,8 @@ def mutate_pytorch(data: bytes, rng: random.Random, pool=()) -> bytes:
         n, b = entries[i]
         entries.append((rng.choice([n, n.upper(), n.replace("/", "/./", 1)]), b))
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z, warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # a duplicate name is meant
         for name, body in entries:
             z.writestr(name, body)
     data = out.getvalue()

@@ -924,13 +924,13 @@ def _parse(read, file_size, path, mtime) -> ModelFile:
             raise _error("structure", "a tensor named '__metadata__', which a safetensors "
                          "header cannot hold", name=name)
         if name in names:
-            raise _error("structure", f"two tensors named {name!r}", name=name)
+            raise _error("structure", f"two tensors named {_show(name)}", name=name)
         names.add(name)
         infos.append(_tensor_info(name, t, entries, prefix, path))
     metadata = {}
     for name, value in others:
         if name in names or name in metadata:
-            raise _error("structure", f"two values named {name!r}", name=name)
+            raise _error("structure", f"two values named {_show(name)}", name=name)
         metadata[name or "value"] = _metadata_value(value)
     first_data = min((e.offset for e in entries.values()
                       if e.name.startswith(f"{prefix}/data/") and e.offset >= 0),
@@ -943,16 +943,16 @@ def _tensor_info(name: str, t: Tensor, entries, prefix: str, path: str) -> Tenso
     storage = t.storage
     entry = entries.get(f"{prefix}/data/{storage.key}")
     if entry is None:
-        raise _error("storage", f"tensor {name!r}: storage {storage.key!r} has no entry "
+        raise _error("storage", f"tensor {_show(name)}: storage {_show(storage.key)} has no entry "
                      f"{prefix}/data/{storage.key}", name=name)
     if entry.offset < 0:
-        raise _error("zip", f"entry {entry.name!r} is compressed (method "
+        raise _error("zip", f"entry {_show(entry.name)} is compressed (method "
                      f"{-entry.offset - 1}): torch.save stores every entry", name=name)
     unit = _ITEMSIZE_OF[storage.dtype]
     itemsize = ITEMSIZE[t.dtype]
     storage_bytes = storage.numel * unit
     if entry.size < storage_bytes:
-        raise _error("storage", f"storage {storage.key!r} is {entry.size} bytes, shorter than "
+        raise _error("storage", f"storage {_show(storage.key)} is {entry.size} bytes, shorter than "
                      f"its {storage.numel} elements of {unit} bytes", offset=entry.offset,
                      name=name)
     numel = 1
@@ -966,12 +966,12 @@ def _tensor_info(name: str, t: Tensor, entries, prefix: str, path: str) -> Tenso
     if numel == 0:
         start = 0                       # no byte of it is read: torch checks no bound
     elif end > storage_bytes:
-        raise _error("storage", f"tensor {name!r} ({t.dtype} {list(t.shape)} at element "
-                     f"{t.offset}) runs past its storage {storage.key!r} of {storage_bytes} "
+        raise _error("storage", f"tensor {_show(name)} ({t.dtype} {_show(list(t.shape))} at element "
+                     f"{t.offset}) runs past its storage {_show(storage.key)} of {storage_bytes} "
                      "bytes", offset=entry.offset, name=name)
     strides = None if is_contiguous(t.shape, t.strides) else tuple(t.strides)
     if strides is not None and len(t.shape) > MAX_STRIDED_DIMS:
-        raise _error("unsupported", f"tensor {name!r}: a non-contiguous tensor of "
+        raise _error("unsupported", f"tensor {_show(name)}: a non-contiguous tensor of "
                      f"{len(t.shape)} dimensions (at most {MAX_STRIDED_DIMS} are gathered)",
                      name=name)
     return TensorInfo(name, t.dtype, tuple(t.shape), entry.offset + start, numel * itemsize,
