@@ -390,6 +390,7 @@ def mutate_pytorch(data: bytes, rng: random.Random, pool=()) -> bytes:
     """A checkpoint with its data.pkl's bytes mutated (the zip rebuilt around it, so the
     walker, not the container check, meets the change), or one of its other entries."""
     import io
+    import warnings
     import zipfile
 
     with zipfile.ZipFile(io.BytesIO(data)) as z:
@@ -398,12 +399,98 @@ def mutate_pytorch(data: bytes, rng: random.Random, pool=()) -> bytes:
     if rng.random() < 0.7:
         which = next((i for i, (n, _) in enumerate(entries) if n.endswith("/data.pkl")), which)
     name, body = entries[which]
-    entries[which] = (name, mutate_bytes(body, rng, pool, len(body)) if body else body)
+    if rng.random() < 0.4 and name.endswith("/data.pkl"):
+        body = splice_pickle(body, rng)
+    else:
+        entries[which] = (name, mutate_bytes(body, rng, pool, len(body)) if body else body)
+        body = entries[which][1]
+    entries[which] = (name, body)
+    if rng.random() < 0.15:                     # names torch's reader finds another way
+        i = rng.randrange(len(entries))
+        n, b = entries[i]
+        entries.append((rng.choice([n, n.upper(), n.replace("/", "/./", 1)]), b))
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z, warnings.catch_warnings():
+        warnings.simplefilter("ignore")             # a duplicate name is meant
         for name, body in entries:
             z.writestr(name, body)
-    return out.getvalue()
+    data = out.getvalue()
+    return zip_trick(data, rng) if rng.random() < 0.2 else data
+
+
+# What torch's weights-only reader meets in a pickle, spliced in at an opcode boundary: every
+# opcode of protocols 0 to 5 with a small argument, globals on and off its allow-list, the
+# rebuild arguments it applies (requires_grad, metadata's neg/conj, a tensor's state), large
+# integers and values, memo reuse.
+_SPLICES = [
+    b"K\x01", b"J\xff\xff\xff\x7f", b"M\xff\xff", b"\x8a\xff" + b"\x7f" * 255, b"I1\n",
+    b"L" + b"9" * 5000 + b"L\n", b"\x8b\x00\x10\x00\x00" + b"\xff" * 4096, b"F1e999\n",
+    b"G\x7f\xf8\x00\x00\x00\x00\x00\x00", b"X\x02\x00\x00\x00\xed\xa0", b"U\x01\xe9",
+    b"\x8c\x01a", b"C\x01a", b"B\x01\x00\x00\x00a", b"\x96\x01" + bytes(7) + b"a", b"N", b"\x88",
+    b"\x89", b")", b"]", b"}", b"\x8f", b"(", b"t", b"\x85", b"\x86", b"\x87", b"a", b"e", b"s",
+    b"u", b"l", b"d", b"\x90", b"\x91", b"0", b"1", b"2", b"h\x00", b"h\xff", b"j\x00\x00\x00\x00",
+    b"q\x00", b"r\xff\xff\xff\xff", b"\x94", b"g0\n", b"p0\n", b"R", b"\x81", b"\x92", b"b",
+    b"Q", b"P0\n", b"\x95" + bytes(8), b"\x97", b"\x98", b"\x82\x01", b"\x80\x05", b".",
+    b"ctorch\nUntypedStorage\n", b"ctorch.storage\nUntypedStorage\n", b"ctorch\nFloatTensor\n",
+    b"ctorch.cuda\nHalfStorage\n", b"ctorch\nQInt8Storage\n", b"cbuiltins\nfrozenset\n",
+    b"c__builtin__\nset\n", b"cUserDict\nOrderedDict\n", b"cos\nsystem\n", b"ctorch\nSize\n",
+    b"ctorch\ndevice\n", b"cbuiltins\nbytearray\n", b"c_codecs\nencode\n", b"ctorch\nTensor\n",
+    b"ctorch._tensor\n_rebuild_from_type_v2\n", b"ctorch._utils\n_rebuild_parameter\n",
+    b"ctorch._utils\n_rebuild_tensor_v3\n", b"ctorch\nfloat32\n", b"ctorch\nuint4\n",
+    b"}X\x03\x00\x00\x00neg\x88s", b"}X\x04\x00\x00\x00conj\x88s", b"}X\x04\x00\x00\x00data]s",
+    b"X\x04\x00\x00\x00meta", b"J\x00\x00\x00\x80", b"\x8a\x08" + b"\xff" * 7 + b"\x7f",
+]
+
+
+def splice_pickle(pkl: bytes, rng: random.Random) -> bytes:
+    """``pkl`` with one to three of ``_SPLICES`` inserted at opcode boundaries (or an
+    opcode's argument replaced, where the boundary is not found)."""
+    import pickletools
+
+    try:
+        bounds = [pos for _, _, pos in pickletools.genops(pkl)]
+    except Exception:
+        bounds = list(range(len(pkl)))
+    out = pkl
+    for _ in range(rng.randint(1, 3)):
+        at = rng.choice(bounds) if bounds else 0
+        out = out[:at] + rng.choice(_SPLICES) + out[at:]
+    return out
+
+
+def zip_trick(data: bytes, rng: random.Random) -> bytes:
+    """``data``'s container given a trick zip readers disagree on: a second end record in
+    its comment (at the end, or with bytes after it), bytes after or before the archive, a
+    zip64 locator moved, the 32-bit end fields changed, a local header's sizes, method or
+    name changed."""
+    import struct as st
+
+    e = data.rfind(b"PK\x05\x06")
+    if e < 0:
+        return data
+    out = bytearray(data)
+    trick = rng.randrange(7)
+    if trick == 0:
+        comment = bytes(out[e:e + 20]) + b"\x00\x00" + (b"xyz" if rng.random() < 0.5 else b"")
+        st.pack_into("<H", out, e + 20, len(comment))
+        return bytes(out[:e + 22]) + comment
+    if trick == 1:
+        return bytes(out) + b"junk"[:rng.randint(1, 4)]
+    if trick == 2:
+        return b"junk" + bytes(out)
+    if trick == 3 and out[e - 20:e - 16] == b"PK\x06\x07":
+        st.pack_into("<Q", out, e - 12, _boundary(rng, 8) % (len(out) + 64))
+    elif trick == 4:
+        at = e + 8 + 2 * rng.randrange(6)
+        st.pack_into("<H", out, at, _boundary(rng, 2) % (1 << 16))
+    else:
+        local = [i for i in range(len(out)) if out[i:i + 4] == b"PK\x03\x04"]
+        if local:
+            at = rng.choice(local)
+            field = {4: (8, 2), 5: (18, 4), 6: (30, 1)}.get(trick, (22, 4))
+            out[at + field[0]:at + field[0] + field[1]] = \
+                (_boundary(rng, field[1]) % (1 << 8 * field[1])).to_bytes(field[1], "little")
+    return bytes(out)
 
 
 def pytorch_seeds() -> list[bytes]:

@@ -57,7 +57,9 @@ DICTIONARY = [b"GGUF", b"general.alignment", b"__metadata__", b'"dtype"', b'"sha
               b'"data_offsets"', b'"F32"', b'"BF16"', b'"U8"', b'"F4"', b'"F8_E4M3"',
               b"\\ud800", b"\\udc00", b"-0", b"1e400", b"NaN", b"[[[[", b"]]]]"]
 DICTIONARY += [b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"ctorch\nFloatStorage\n",
-               b"ctorch._utils\n_rebuild_tensor_v2\n", b"ccollections\nOrderedDict\n"]
+               b"ctorch._utils\n_rebuild_tensor_v2\n", b"ccollections\nOrderedDict\n",
+               b"PK\x06\x06", b"PK\x06\x07", b"ctorch\nUntypedStorage\n", b"\x95", b"\x93",
+               b"X\x03\x00\x00\x00neg", b"X\x04\x00\x00\x00conj", b"\x8a\xff"]
 DICTIONARY += [v.to_bytes(8, "little") for v in (2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)]
 DICTIONARY += [str(v).encode() for v in (2**32 - 1, 2**63 - 1, 2**64 - 1, 2**64)]
 

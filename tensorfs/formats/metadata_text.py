@@ -146,6 +146,8 @@ def _element(text: str, type_name: str):
         low, high = INT_RANGES[type_name]
         if not re.fullmatch(r"[+-]?[0-9]+", word):
             raise TextError(f"{word[:40]!r} is not an integer")
+        if len(word.lstrip("+-").lstrip("0")) > 20:     # beyond any range (and int()'s limit)
+            raise TextError(f"{word[:40]}... is out of range for {type_name} ({low} to {high})")
         value = int(word)
         if not low <= value <= high:
             raise TextError(f"{value} is out of range for {type_name} ({low} to {high})")

@@ -322,6 +322,9 @@ def _read_index(path: str, loc: Location | None = None) -> tuple[dict, dict[str,
         raise _error("index_json", f"index is not valid JSON: {exc.msg}", path, offset=at) from None
     except RecursionError:
         raise _error("index_json", "index JSON nests too deep", path) from None
+    except ValueError as exc:       # an integer of more digits than Python converts
+        raise _error("index_json", f"index is not JSON tensorfs reads: {str(exc)[:80]}",
+                     path) from None
     if not isinstance(doc, dict):
         raise _error("index_json", f"index must be a JSON object, not {_json_type(doc)}", path)
     if "weight_map" not in doc:       # config.json, tokenizer.json ... beside the model

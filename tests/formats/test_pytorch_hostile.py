@@ -7,6 +7,7 @@ line, never a traceback or wrong bytes."""
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -65,8 +66,13 @@ def _payloads(marker: Path) -> dict[str, tuple[bytes | None, str]]:
         "subprocess": (pickle.dumps(_Reduce(subprocess.call, (["touch", str(marker)],)),
                                     protocol=3), "subprocess.call"),
         "protocol 0 text": (f"cos\nsystem\n(S'{touch}'\ntR.".encode(), "os.system"),
+        # torch's weights-only reader takes no STACK_GLOBAL (nor protocol 4's FRAME): the
+        # refusal names the opcode, before any global is read
         "STACK_GLOBAL": (pickle.dumps(_Reduce(os.system, (touch,)), protocol=4),
-                         f"{os.system.__module__}.system"),
+                         "opcode FRAME (pickle protocol 4)"),
+        "STACK_GLOBAL unframed": (b"\x80\x02" + _unicode(os.system.__module__) +
+                                  _unicode("system") + b"\x93" + _unicode(touch) + b"\x85R.",
+                                  "opcode STACK_GLOBAL (pickle protocol 4)"),
         # a name that looks like torch's and resolves (protocol 4 dotted names) to os.system
         "look-alike": (b"\x80\x04ctorch.serialization\nos.system\n" + _unicode(touch) +
                        b"\x85R.", "torch.serialization.os.system"),
@@ -107,15 +113,16 @@ def test_hostile_pickle_is_refused_and_never_runs(tmp_path, which):
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert f"forbidden global {named} at byte " in lines[0], lines[0]
+    said = named if named.startswith("opcode ") else f"forbidden global {named}"
+    assert said in lines[0] and " at byte " in lines[0], lines[0]
 
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     refused, mounted = mount_expecting_refusal(path, mnt)
     assert refused.returncode != 0 and not mounted
-    assert len(refused.stderr.splitlines()) == 1 and f"forbidden global {named}" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1 and said in refused.stderr
 
-    with pytest.raises(ModelError, match=f"forbidden global {named}"):
+    with pytest.raises(ModelError, match=re.escape(said)):
         tensorfs.open(path)
     assert not marker.exists()
 
@@ -207,3 +214,89 @@ def test_names_no_safetensors_header_can_hold(tmp_path, state, words):
     path = tmp_path / "odd.pt"
     torch.save({k: torch.ones(2) if v == "tensor" else v for k, v in state.items()}, path)
     _refused_in_one_line(path, *words)
+
+
+# -- parsing costs what the file is worth (issue 43) -------------------------------------------
+
+def _crafted(tmp_path: Path, pkl: bytes, name: str = "crafted.pt") -> Path:
+    """A checkpoint of ``pkl`` with one float storage "0" of 4 elements."""
+    import io
+
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", b"little")
+        z.writestr("archive/data/0", bytes(16))
+        z.writestr("archive/version", b"3\n")
+    path = tmp_path / name
+    path.write_bytes(out.getvalue())
+    return path
+
+
+TENSOR = (b"ctorch._utils\n_rebuild_tensor_v2\n((" + _unicode("storage") +
+          b"ctorch\nFloatStorage\n" + _unicode("0") + _unicode("cpu") + b"K\x04tQK\x00K\x04"
+          b"\x85K\x01\x85\x89ccollections\nOrderedDict\n)RtR")
+
+
+def test_a_long_key_reused_at_every_level_is_refused_in_one_line(tmp_path):
+    """A 256 KiB key, memoized once, names a dict at each of 62 levels: the names it makes
+    would take gigabytes (its 257 KB file is refused, in one line, in little time)."""
+    body = TENSOR
+    for _ in range(61):
+        body = b"}(h\x00" + body + _unicode("v") + b"K\x01u"
+    pkl = b"\x80\x02}(" + _unicode("k" * (256 << 10)) + b"q\x00" + body + b"u."
+    path = _crafted(tmp_path, pkl)
+    assert path.stat().st_size < 270_000
+    said = _refused_in_one_line(path, "names", "longer than the pickle is worth")
+    assert "MemoryError" not in said
+
+
+def test_a_large_value_passed_to_many_calls_is_refused_in_one_line(tmp_path):
+    """A 100,000-integer list, memoized, is given to torch.Size 100,000 times: each call
+    copies it, 10^10 items in all from a 1 MB file."""
+    n = 100_000
+    ints = b"](" + b"K\x01" * n + b"eq\x01"
+    calls = b"ctorch\nSize\nq\x02" + b"](" + b"h\x02h\x01\x85R" * n + b"e"
+    pkl = b"\x80\x02}(" + _unicode("w") + TENSOR + _unicode("a") + ints + _unicode("b") + \
+        calls + b"u."
+    _refused_in_one_line(_crafted(tmp_path, pkl), "cost more than it is worth")
+
+
+def test_a_huge_bytearray_is_refused_in_one_line(tmp_path):
+    pkl = (b"\x80\x02}(" + _unicode("w") + TENSOR + _unicode("b") +
+           b"cbuiltins\nbytearray\nJ\xff\xff\xff\x7f\x85Ru.")
+    _refused_in_one_line(_crafted(tmp_path, pkl), "cost more than it is worth")
+
+
+# -- odd values are one line (issue 43) --------------------------------------------------------
+
+@pytest.mark.parametrize("value, words", [
+    # a 4,400-digit integer: torch's reader takes no INT/LONG text opcode; LONG1 holds 255 bytes
+    (b"I" + b"9" * 4400 + b"\n", ["opcode INT"]),
+    (b"\x8b\x00\x10\x00\x00" + b"\xff" * 4096, ["opcode LONG4"]),
+    (b"\x8a\xff" + b"\x7f" * 255, None),                  # the largest int torch reads: served
+])
+def test_huge_integers_are_one_line(tmp_path, value, words):
+    pkl = b"\x80\x02}(" + _unicode("w") + TENSOR + _unicode("n") + value + b"u."
+    path = _crafted(tmp_path, pkl)
+    if words is None:
+        result = run_tensorfs("inspect", path)
+        assert result.returncode == 0, result.stderr
+        with tensorfs.open(path) as m:
+            assert m.metadata["n"] == int.from_bytes(b"\x7f" * 255, "little")
+    else:
+        _refused_in_one_line(path, *words)
+
+
+@pytest.mark.parametrize("where", ["offset", "size", "stride", "numel"])
+def test_a_huge_integer_as_a_tensors_geometry_is_one_line(tmp_path, where):
+    big = b"\x8a\xff" + b"\x7f" * 255
+    tensor = {
+        "offset": TENSOR.replace(b"QK\x00K\x04", b"Q" + big + b"K\x04"),
+        "size": TENSOR.replace(b"K\x04\x85K\x01", big + b"\x85K\x01"),
+        "stride": TENSOR.replace(b"\x85K\x01\x85", b"\x85" + big + b"\x85"),
+        "numel": TENSOR.replace(b"K\x04tQ", big + b"tQ"),
+    }[where]
+    assert tensor != TENSOR
+    pkl = b"\x80\x02}(" + _unicode("w") + tensor + b"u."
+    _refused_in_one_line(_crafted(tmp_path, pkl))

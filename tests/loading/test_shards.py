@@ -331,6 +331,15 @@ def _index_duplicate_key(tmp):
     return index, ["'a' twice"]
 
 
+def _index_huge_integer(tmp):
+    """An integer of more digits than Python converts to int (4,300): one line, not an
+    internal error."""
+    index, _, _ = write_hf_shards(tmp / "hf")
+    text = index.read_text()
+    index.write_text(text.replace('"metadata": {', '"metadata": {"n": ' + "9" * 5000 + ", ", 1))
+    return index, ["index is not JSON tensorfs reads", "4300 digits"]
+
+
 def _index_weight_map_not_an_object(tmp):
     index, _, _ = write_hf_shards(tmp / "hf")
     return _edit_index(index, lambda d: d.update(weight_map=["x"])), ["weight_map", "array"]
@@ -391,6 +400,7 @@ REFUSALS = [   # (builder, the ShardError kind, or None for a shard the parser r
     (_index_names_a_tensor_its_shard_lacks, "index_tensor"),
     (_index_puts_a_tensor_in_the_wrong_shard, "index_tensor"), (_index_malformed, "index_json"),
     (_index_duplicate_key, "index_json"), (_index_weight_map_not_an_object, "index_json"),
+    (_index_huge_integer, "index_json"),
     (_index_empty, "empty_index"), (_index_points_outside, "shard_path"),
     (_index_points_at_an_absolute_path, "shard_path"), (_index_points_at_a_gguf, "shard_format"),
     (_broken_shard, None), (_empty_directory, "no_model"),
