@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash demo test bench fuzz clean check-debian13
+.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash demo test bench bench-compare fuzz clean check-debian13
 all: test
 
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
@@ -156,6 +156,13 @@ bench: test-venv
 	@# tensorfs beside rclone (Debian's package) and curl on one nginx (issue 31)
 	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone
 	$(BIN)/python bench/bench_peers.py
+
+# The regression guard: the local read rows of BASE (a git revision) and of the working tree,
+# taking turns in one run; rows 10% or more worse are flagged and fail the command.  A couple
+# of minutes; bench/compare.py --help for the sizes and rounds.
+BASE ?= HEAD
+bench-compare: test-venv
+	$(BIN)/python bench/compare.py $(BASE)
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two
