@@ -1,12 +1,13 @@
 """The regression guard: the local read rows for a base revision and the working tree, taking
 turns in one run, and every row 10% or more worse flagged (exit status 1).
 
-    python bench/compare.py BASE [--rounds 5] [--threshold 0.10] [--quick]
+    python bench/compare.py BASE [--head REV] [--rounds 5] [--threshold 0.10] [--quick]
     make bench-compare BASE=REV
 
 BASE (any git revision) is checked out with ``git worktree add`` into a temporary folder; its
 mounts import its own code (PYTHONPATH), with the same Python and packages; the working
-tree's mounts import this checkout.  The rows are bench/rows/compare.py's (raw cold and warm,
+tree's mounts import this checkout (or ``--head REV``'s, checked out the same way).  The
+rows are bench/rows/compare.py's (raw cold and warm,
 native and converted ``.npy`` with one and two readers, the whole file, mount time, the first
 byte, the daemons' CPU).  Rounds alternate A B A B ... (B A B A ... on odd rounds), so that a
 machine's drift hits both alike; a row's figures are its best and its median over the rounds,
@@ -52,6 +53,7 @@ def _bench(args, tree: str, tag: str) -> Bench:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("base", help="the git revision to compare the working tree with")
+    p.add_argument("--head", help="a revision to measure instead of the working tree")
     p.add_argument("--rounds", type=int, default=5, help="rounds of each side (default 5)")
     p.add_argument("--threshold", type=float, default=0.10, help="flag rows this much worse (0.10)")
     p.add_argument("--big-mib", type=int, default=256, help="raw tensor size (MiB of F32)")
@@ -64,29 +66,47 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.big_mib, args.conv_mib = 2, 8, 2
-    rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", args.base + "^{commit}"],
-                         capture_output=True, text=True)
-    if rev.returncode != 0:
+    commit = _commit(args.base)
+    if commit is None:
         print(f"bench-compare: {args.base!r} is not a revision of this repository", file=sys.stderr)
         return 2
-    commit = rev.stdout.strip()
+    head_commit = None
+    if args.head:
+        head_commit = _commit(args.head)
+        if head_commit is None:
+            print(f"bench-compare: {args.head!r} is not a revision of this repository", file=sys.stderr)
+            return 2
     os.makedirs(args.workdir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tensorfs-base-") as tmp:
-        tree = os.path.join(tmp, "base")
-        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "--quiet", tree, commit], check=True)
+        trees = []
         try:
-            return _run(args, commit, tree)
+            for name, rev in (("base", commit), ("head", head_commit)):
+                if rev is not None:
+                    trees.append(os.path.join(tmp, name))
+                    subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", "--quiet",
+                                    trees[-1], rev], check=True)
+            head_tree = trees[1] if head_commit else REPO
+            head_rev = head_commit[:10] if head_commit else subprocess.run(
+                ["git", "-C", REPO, "describe", "--always", "--dirty"],
+                capture_output=True, text=True).stdout.strip() + ", the working tree"
+            return _run(args, commit, trees[0], head_tree, head_rev)
         finally:
-            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree], capture_output=True)
+            for tree in trees:
+                subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", tree],
+                               capture_output=True)
 
 
-def _run(args, commit: str, tree: str) -> int:
-    head_rev = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
-                              capture_output=True, text=True).stdout.strip()
+def _commit(rev: str) -> str | None:
+    done = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", "--quiet", rev + "^{commit}"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _run(args, commit: str, tree: str, head_tree: str, head_rev: str) -> int:
     base = Side("base", _bench(args, tree, "base"))
-    head = Side("head", _bench(args, REPO, "head"))
+    head = Side("head", _bench(args, head_tree, "head"))
     raw, conv = raw_model(base.b), conv_model(base.b)
-    print(f"base {args.base} ({commit[:10]}) against the working tree ({head_rev}); "
+    print(f"base {args.base} ({commit[:10]}) against {head_rev}; "
           f"{args.rounds} rounds; load {loadavg()}", flush=True)
     loads = [loadavg()]
     t0 = time.perf_counter()
