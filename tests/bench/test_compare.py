@@ -4,6 +4,7 @@ with figures."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,12 +53,15 @@ def test_a_tiny_run_measures_every_row_of_both_sides(tmp_path):
     """HEAD against the working tree, tiny models, one round: every row has figures."""
     done = subprocess.run([sys.executable, str(REPO / "bench" / "compare.py"), "HEAD", "--quick",
                            "--rounds", "1", "--workdir", str(tmp_path / "work")],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})   # the base's checkout
     assert done.returncode in (0, 1), done.stdout + done.stderr
     table = {line.split()[0]: line for line in done.stdout.splitlines() if line.split()}
     for row in ROWS:
         assert row.key in table, done.stdout
-        assert "nan" not in table[row.key], table[row.key]
+        figures = table[row.key].split()[2:4] + table[row.key].split()[5:7]   # best, median
+        assert "nan" not in figures, table[row.key]
     assert "load averages" in done.stdout
     listed = subprocess.run(["git", "-C", str(REPO), "worktree", "list"], capture_output=True, text=True)
-    assert "tensorfs-base-" not in listed.stdout          # the base's checkout is removed
+    assert str(tmp_path) not in listed.stdout            # the base's checkout is removed
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]
