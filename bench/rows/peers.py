@@ -2,7 +2,7 @@
 HTTP (issue 31), in one run on one loopback nginx started here (tests/support/servers.py), with
 `curl` of the same ranges as the wire's reference.
 
-    python bench/bench_peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]
+    python bench/rows/peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]
 
 Systems, interleaved round by round (each round starts with curl's, and the ratios to curl
 are taken within a round: the machine's load moves between rounds), each row on a fresh
@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
@@ -320,7 +320,7 @@ def main() -> None:
     args = parser.parse_args()
     for tool in ("rclone", "curl", "fusermount3"):
         if shutil.which(tool) is None:
-            sys.exit(f"bench_peers: {tool} is not installed (make bench installs it)")
+            sys.exit(f"bench/rows/peers.py: {tool} is not installed (make bench installs it)")
     bench = Bench(args)
     try:
         bench.run()

@@ -2,7 +2,7 @@
 whole file and raw tensor file read through a mount against the same bytes read directly,
 all from the page cache, ratios in one run.
 
-    python bench/bench_files.py [--size-mib 512] [--libfuse DIR ...] [--repeat 3]
+    python bench/rows/files.py [--size-mib 512] [--libfuse DIR ...] [--repeat 3]
 
 W1: files/MODEL read sequentially (1 MiB reads) on a fresh mount, vs reading the file.
 W2: the same file read again on that mount (the kernel's page cache of the mount).
