@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 BUILD  := build
 
-.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash convert-oracle demo test bench fuzz clean check-debian13
+.PHONY: all system-deps test-system-deps venv test-venv clients-venv llama-wheel llama-gguf-hash convert-oracle demo test bench bench-compare fuzz clean check-debian13
 all: test
 
 # Debian's FUSE: fuse3 brings libfuse3 (what tensorfs binds: libfuse3.so.3, or .so.4 from 3.17
@@ -165,23 +165,24 @@ $(CONVERT_ORACLE)/.built: | $(BIN)/python
 	{ rm -rf $(CONVERT_ORACLE) && mkdir -p $(dir $(CONVERT_ORACLE)) && mv -T $$out $(CONVERT_ORACLE); } || { rm -rf $$out; exit 1; }
 	@test -e $@
 
-# libfuse3-dev and pkg-config: to build row 7's floor, the smallest C daemon (bench/floor/).
+# Every row of bench/rows/, by its one entry point (bench/run.py --list names them).  What the
+# rows need: libfuse3-dev and pkg-config (row 7's floor, the smallest C daemon, bench/floor/),
+# matplotlib (the plot), curl (the remote rows' reference) and Debian's rclone (the peers row);
+# nginx and moto come with test-venv.
 bench: test-venv
 	@command -v pkg-config >/dev/null && pkg-config --exists fuse3 || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev pkg-config
 	$(BIN)/python -m pip install -q matplotlib
-	$(BIN)/python bench/run.py
-	@# the remote rows compare with curl (nginx and moto come with test-venv)
 	@command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl
-	$(BIN)/python bench/bench_remote.py
-	@# W4, W5: whole remote files through files/ (issue 24)
-	$(BIN)/python bench/bench_clients.py
-	$(BIN)/python bench/bench_facts.py
-	$(BIN)/python bench/bench_pytorch.py
-	$(BIN)/python bench/bench_fleet.py
-	@# tensorfs beside rclone (Debian's package) and curl on one nginx (issue 31)
 	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone
-	$(BIN)/python bench/bench_peers.py
+	$(BIN)/python bench/run.py
+
+# The regression guard: the local read rows of BASE (a git revision) and of the working tree,
+# taking turns in one run; rows 10% or more worse are flagged and fail the command.  A couple
+# of minutes; bench/compare.py --help for the sizes and rounds.
+BASE ?= HEAD
+bench-compare: test-venv
+	$(BIN)/python bench/compare.py $(BASE)
 
 # A fresh Debian 13 (trixie, debootstrap minbase plus git, make, python3, python3-venv) in
 # build/debian13, a clone of this repository (and ../shared) in it, and the README's two

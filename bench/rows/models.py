@@ -45,8 +45,7 @@ CONV_TYPES = ["BF16", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 def _blocks(name: str, out_bytes: int, rng) -> np.ndarray:
     """Random blocks of ``name`` holding ``out_bytes`` of float32 output, shaped as rows of 4096
     elements (rows, row_bytes) as GGUF stores them; finite scales."""
-    from bench_kernels import random_blocks
-
+    from rows.kernels import random_blocks
     from tensorfs.dtypes import GGML_TYPES_BY_NAME
 
     gt = GGML_TYPES_BY_NAME[name]

@@ -1,9 +1,8 @@
-"""The report: the machine, the table of ratios written into docs/benchmarks.md, the plot."""
+"""The report: the machine, the table of ratios written into docs/internals/benchmarks.md, the plot."""
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import re
@@ -235,10 +234,7 @@ def write_report(b: Bench, command: str, elapsed: float) -> None:
               "Raw results: bench/results.json.", "", END]
     block = "\n".join(lines)
     path = b.args.out
-    # the raw figures beside the script, not in the document a person reads
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results.json"), "w") as f:
-        json.dump(b.results, f, indent=1, sort_keys=True)
-        f.write("\n")
+    # the raw figures: the run's one results file (bench/run.py --json), not this page
     if os.path.exists(path):
         text = open(path).read()
         if BEGIN in text and END in text:

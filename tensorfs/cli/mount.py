@@ -123,10 +123,14 @@ def _serve(mounted, mountpoint: str, st, options, on_ready, editor=None) -> None
 
     log.info("mounting %s at %s (%s)", mounted.model.source, mountpoint,
              plural(len(mounted.model.tensors), "tensor"))
+    def ready():
+        on_ready()
+        mounted.served()
+
     try:
         mounted.start(mountpoint)
         serve(mounted.tree, mountpoint, uid=st.st_uid, gid=st.st_gid, mtime_ns=st.st_mtime_ns,
-              options=options, on_ready=on_ready, on_stop=mounted.stop, editor=editor,
+              options=options, on_ready=ready, on_stop=mounted.stop, editor=editor,
               file_mode=read_bits(mounted.sources.values()))     # no more than the model grants
     except FuseUnavailable as error:
         raise UserError(str(error)) from None

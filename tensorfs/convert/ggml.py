@@ -5,7 +5,7 @@ Block layouts and the element order follow ggml's ``ggml-common.h`` (block_* str
 gguf-py's ``gguf.quants`` (f16 scale widened to f32 first, then ``d * q``, ``d * q - m``,
 ``(d * q) + m`` ...), so the results are the same bits.
 
-How the kernels are made fast in numpy (measured with bench/bench_kernels.py):
+How the kernels are made fast in numpy (measured with bench/rows/kernels.py):
 
 * A call converts a contiguous run of whole blocks, processed in steps of about 256k elements
   (1 MiB of output): long enough that numpy's per-call overhead is amortized, short enough

@@ -55,6 +55,7 @@ class MountedModel:
     # learnt in the background from the start, so that a stat seldom waits for it
     measured_ahead: tuple[GeneratedView, ...] = ()
     budget: MemoryBudget | None = None  # what views made later (an edited tensor's) serve from
+    converts: bool = False              # .npy views are served: converted ones need numpy
 
     def start(self, mountpoint: str | None = None) -> None:
         """Called in the daemon after the fork and before libfuse's threads exist: what must
@@ -98,6 +99,20 @@ class MountedModel:
                 _ = view.size               # learnt once, kept by the view
             except Exception as error:
                 log.debug("%s: size not learnt ahead: %s", view.key, error)
+
+    def served(self) -> None:
+        """Called once the mount serves (its readiness signalled, the mount command ending): a
+        model with converted .npy views has numpy imported now, in a thread, before anyone
+        asks.  The mount command does not wait for numpy (most of its imports), and the first
+        converted read no longer pays its import (~0.1 s) either, unless it comes within that
+        time (it then waits for the import under way, tensorfs.runtime.libraries)."""
+        if self.converts:
+            threading.Thread(target=self._import_numpy, name="tensorfs-numpy", daemon=True).start()
+
+    def _import_numpy(self) -> None:
+        plan_of = Plans()
+        if any(plan_of(t).kind == "converted" for t in self.model.tensors):
+            from tensorfs.runtime.libraries import np  # noqa: F401 (imported, once)
 
     def _start_workers_ahead(self) -> None:
         """A model with costly work enough to pay for the workers' start has them started
@@ -391,4 +406,5 @@ def build_mount(model: Model, budget: MemoryBudget, layout: str = "tree",
     if tensor_views:
         tree.add_tensors([t.name for t in tensors], layout, make_files)
     return MountedModel(model, tree, sources, cache, pool, whole_files="files" in views,
-                        long_work=long_work, measured_ahead=(metadata_json,), budget=budget)
+                        long_work=long_work, measured_ahead=(metadata_json,), budget=budget,
+                        converts=serve_npy)

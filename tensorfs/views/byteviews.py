@@ -37,9 +37,15 @@ from tensorfs.budget import STREAM_BYTES, MemoryBudget
 from tensorfs.cache import ByteLRU
 from tensorfs.convert.blocks import Readable, read_converted
 from tensorfs.convert.workers import START_WORK_BYTES, WorkerPool, paying_size
+from tensorfs.runtime import libraries
 from tensorfs.sources.source import Source
 from tensorfs.views.base import View, _clip, _copy_into
 from tensorfs.waits import gathered, then
+
+# _LIBRARIES: the read path takes numpy as ``libraries.np`` (a module attribute: ~50 ns once
+# it is imported), not ``from tensorfs.runtime.libraries import np`` in each call: that
+# statement also asks the module for ``__path__``, which its ``__getattr__`` answers with
+# an AttributeError, ~3 us, twice per read of a converted view.
 
 log = logging.getLogger("tensorfs")
 
@@ -467,7 +473,7 @@ class ConvertedView(View):
     def _convert_into(self, first_block: int, n_blocks: int, out: np.ndarray,
                       stored: Readable) -> None:
         length = n_blocks * self.conversion.block_bytes
-        from tensorfs.runtime.libraries import np  # at first use, not with a mount
+        np = libraries.np  # at first use, not with a mount (_LIBRARIES)
 
         scratch = _SCRATCH.take() if length <= CHUNK_OUTPUT_BYTES else bytearray(length)
         try:
@@ -494,7 +500,7 @@ class ConvertedView(View):
                                       count * self.block_out, work=self.size)
             if chunk is not None:
                 return chunk
-        from tensorfs.runtime.libraries import np  # at first use, not with a mount
+        np = libraries.np  # at first use, not with a mount (_LIBRARIES)
 
         chunk = _Chunk(count * self.block_out)
         self._convert_into(first, count, np.frombuffer(chunk.data, dtype=np.float32), stored)
@@ -558,7 +564,7 @@ class ConvertedView(View):
             return 0
         end = offset + size
         if not self.conversion.costly:
-            from tensorfs.runtime.libraries import np  # at first use, not with a mount
+            np = libraries.np  # at first use, not with a mount (_LIBRARIES)
 
             bo = self.block_out
             first = offset // bo

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import gguf
 import numpy as np
@@ -89,24 +91,26 @@ def test_requests_that_first_need_numpy_all_at_once_get_their_bytes(tmp_path, mo
     assert run_tensorfs("list").returncode == 0
 
 
-def small_model(path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
-    """A F32 tensor "a.w" and a BF16 one "b.w" (1..8, exact in BF16), with metadata (a
-    GGUF's: a float32, decoded at parse, and an integer array): their values."""
+def small_model(path, fmt: str, converted: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """A F32 tensor "a.w" and (``converted``) a BF16 one "b.w" (1..8, exact in BF16), with
+    metadata (a GGUF's: a float32, decoded at parse, and an integer array): their values."""
     f32 = np.arange(24, dtype="<f4").reshape(4, 6)
     bf16 = (np.arange(1, 9, dtype="<f4").view("<u4") >> 16).astype("<u2")
     if fmt == "safetensors":
+        tensors = [("a.w", safetensors_corpus.tensor("F32", f32.shape, 0, 96))]
+        tensors += [("b.w", safetensors_corpus.tensor("BF16", (8,), 96, 112))] if converted else []
         path.write_bytes(safetensors_corpus.build(
-            [("a.w", safetensors_corpus.tensor("F32", f32.shape, 0, 96)),
-             ("b.w", safetensors_corpus.tensor("BF16", (8,), 96, 112))],
-            metadata={"note": "plain text"}, data=f32.tobytes() + bf16.tobytes()))
+            tensors, metadata={"note": "plain text"},
+            data=f32.tobytes() + (bf16.tobytes() if converted else b"")))
     else:
         writer = gguf.GGUFWriter(str(path), "llama")
         writer.add_float32("test.scale", 0.1)
         writer.add_string("test.note", "plain text")
         writer.add_array("test.types", [1, 1, 3])          # a tokenizer's token types
         writer.add_tensor("a.w", f32)
-        writer.add_tensor("b.w", bf16.view(np.uint8).reshape(1, 16),
-                          raw_dtype=gguf.GGMLQuantizationType.BF16)
+        if converted:
+            writer.add_tensor("b.w", bf16.view(np.uint8).reshape(1, 16),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -115,12 +119,12 @@ def small_model(path, fmt: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
-def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount, fmt):
-    """The mount command, its daemon, and what a reader of files/, metadata.json, the
-    tree's listing (``ls -l``: every .npy's size) and a native .npy asks do without numpy;
-    the first converted .npy read brings it."""
+def test_a_mount_without_converted_views_never_loads_numpy(tmp_path, mount, fmt):
+    """A model with no converted view: the mount command, its daemon, and what a reader of
+    files/, metadata.json, the tree's listing (``ls -l``: every .npy's size) and a native
+    .npy asks do without numpy, and the daemon never imports it."""
     model = tmp_path / f"model.{fmt}"
-    f32, bf16 = small_model(model, fmt)
+    f32, _ = small_model(model, fmt, converted=False)
     mnt = mount(model)
     pid = daemon_pid(mnt)
     assert (mnt / "files" / model.name).read_bytes() == model.read_bytes()
@@ -130,9 +134,35 @@ def test_a_mount_and_its_first_bytes_load_no_numpy(tmp_path, mount, fmt):
     listing = subprocess.run(["ls", "-lR", mnt], capture_output=True, text=True, check=True)
     assert "w.npy" in listing.stdout
     assert np.array_equal(np.load(mnt / "a" / "w.npy"), f32)
+    time.sleep(0.5)             # what a background import would have done by now
     assert not numpy_in(pid)
-    assert np.array_equal(np.load(mnt / "b" / "w.npy").reshape(-1), bf16)
-    assert numpy_in(pid)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_numpy_comes_once_the_mount_serves_before_anyone_asks(tmp_path, fmt):
+    """A model with a converted view: neither the mount command nor its daemon until it
+    serves imports numpy (the imports Python reports on the command's stderr: the daemon's
+    until it is ready); the daemon then imports it without a read asking, so that the first
+    converted read does not pay for it."""
+    model = tmp_path / f"model.{fmt}"
+    _, bf16 = small_model(model, fmt)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    done = run_tensorfs("mount", model, mnt, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert done.returncode == 0, done.stderr
+    try:
+        imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()
+                    if line.startswith("import time:")]
+        assert "tensorfs.mount.tree" in imported             # the report is there
+        assert [m for m in imported if m.split(".")[0] in ("numpy", "gguf")] == []
+        pid = daemon_pid(mnt)
+        deadline = time.monotonic() + 30
+        while not numpy_in(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert numpy_in(pid), "numpy not imported in the background"
+        assert np.array_equal(np.load(mnt / "b" / "w.npy").reshape(-1), bf16)
+    finally:
+        assert run_tensorfs("unmount", mnt).returncode == 0
 
 
 FIRST_USES = """

@@ -1,4 +1,4 @@
-"""Real servers on 127.0.0.1 for the remote tests and bench/bench_remote.py.
+"""Real servers on 127.0.0.1 for the remote tests and bench/rows/remote.py.
 
 * ``Nginx``: Debian's nginx, run in the foreground from a generated config (``-c``, ``-p`` a
   tmp prefix, pid and logs there), serving ``www/`` with ``Range`` and ``ETag``:
@@ -825,7 +825,7 @@ class CacheTier(Nginx):
 def _main(argv: list[str]) -> None:
     """python tests/support/servers.py nginx DIR | proxy UPSTREAM_PORT [RTT_S [WINDOW_BYTES]]: one
     server in the foreground, its URL on the first line of stdout, until SIGTERM or Ctrl-C
-    (bench/bench_remote.py runs the proxy this way, out of the benchmark's own process)."""
+    (bench/rows/remote.py runs the proxy this way, out of the benchmark's own process)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if argv[0] == "nginx":

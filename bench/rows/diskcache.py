@@ -2,7 +2,7 @@
 blocks (header, SHA-256, link, ledger under flock) against the plain file write and read of
 the same bytes in the same directory, in the same run (ratios, not absolute figures).
 
-    python bench/bench_diskcache.py [--blocks 64] [--repeat 3] [--dir DIR]
+    python bench/rows/diskcache.py [--blocks 64] [--repeat 3] [--dir DIR]
 
 D1  put: a 4 MiB block kept (checksum, write, link, ledger) vs write+rename of the bytes
 D2  get_into: a 4 MiB block served (read, header and checksum verified) vs pread of the bytes
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tensorfs.sources.diskcache import DiskCache  # noqa: E402 (after the sys.path line above)

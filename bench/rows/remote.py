@@ -1,7 +1,7 @@
 """Remote models (issue 15): each figure a ratio against a reference measured in the same run,
 against a real nginx on 127.0.0.1 started here (tests/support/servers.py).
 
-    python bench/bench_remote.py [--big-mib 256] [--repeat 3] [--rtt-ms 20] [--no-report]
+    python bench/rows/remote.py [--big-mib 256] [--repeat 3] [--rtt-ms 20] [--no-report]
 
 R1  sequential read of a --big-mib tensor through an http mount (fresh mount each time) vs
     `curl` of the same byte range from the same nginx                         goal >= 0.8
@@ -18,7 +18,7 @@ R6  the daemon's CPU seconds (user + system, /proc/PID/stat) per GiB read in R1 
 R1-s3, R1-hf  R1 through s3:// (moto's server, build/moto-venv) and hf:// (nginx in the Hub's
     layout, HF_ENDPOINT), each vs `curl` of the same range from the same server
 
-Writes its table into docs/benchmarks.md between the remote markers (and prints it).
+Writes its table into docs/internals/benchmarks.md between the remote markers (and prints it).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE))
 from tests.support.servers import Nginx, parse_range  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
-BEGIN, END = "<!-- remote:begin (bench/bench_remote.py rewrites this part) -->", "<!-- remote:end -->"
+BEGIN, END = "<!-- remote:begin (bench/rows/remote.py rewrites this part) -->", "<!-- remote:end -->"
 
 
 class RemoteBench:
@@ -276,7 +276,9 @@ def _direct(url):
 
 def r3(b: RemoteBench, server: Nginx) -> None:
     import gguf
-    import run as bench_run
+
+    from rows.common import Bench
+    from rows.models import vocab_models
 
     class Args(argparse.Namespace):           # bench/run.py's options this row does not set
         def __getattr__(self, name):
@@ -284,7 +286,7 @@ def r3(b: RemoteBench, server: Nginx) -> None:
 
     ns = Args(workdir=str(b.work / "vocab"), tensorfs_path=str(REPO), option=[],
                             vocab=b.args.vocab, header_tensors=b.args.header_tensors)
-    gpath, _ = bench_run.vocab_models(bench_run.Bench(ns))
+    gpath, _ = vocab_models(Bench(ns))
     url = server.put("files/vocab.gguf", Path(gpath))
     mounts = []
     mark = server.log_mark()
@@ -364,7 +366,7 @@ def write_docs(text: str, path: Path) -> None:
     if BEGIN in doc:
         doc = doc[:doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
     else:
-        doc = doc.rstrip("\n") + "\n\n## Remote models (`bench/bench_remote.py`)\n\n" + text + "\n"
+        doc = doc.rstrip("\n") + "\n\n## Remote models (`bench/rows/remote.py`)\n\n" + text + "\n"
     path.write_text(doc)
 
 
@@ -394,7 +396,7 @@ def main() -> int:
     finally:
         server.stop()
     elapsed = time.perf_counter() - t0
-    text = report(b, "python bench/bench_remote.py " + " ".join(sys.argv[1:]), elapsed)
+    text = report(b, "python bench/rows/remote.py " + " ".join(sys.argv[1:]), elapsed)
     print(text)
     if not args.no_report:
         write_docs(text, Path(args.out))

@@ -1,8 +1,8 @@
-"""W1-W3 (issue "the mount is the model", docs/benchmarks.md "whole files"): a local model's
+"""W1-W3 (issue "the mount is the model", docs/internals/benchmarks.md "whole files"): a local model's
 whole file and raw tensor file read through a mount against the same bytes read directly,
 all from the page cache, ratios in one run.
 
-    python bench/bench_files.py [--size-mib 512] [--libfuse DIR ...] [--repeat 3]
+    python bench/rows/files.py [--size-mib 512] [--libfuse DIR ...] [--repeat 3]
 
 W1: files/MODEL read sequentially (1 MiB reads) on a fresh mount, vs reading the file.
 W2: the same file read again on that mount (the kernel's page cache of the mount).
@@ -62,7 +62,7 @@ def run(model: Path, tensor_offset: int, tensor_size: int, libdir: str | None,
     env = dict(os.environ)
     # copy: local reads copied through Python (the default); else splice offered
     env["TENSORFS_FD_REPLIES"] = "0" if copy else "1"
-    # passthrough is off by default (docs/reliability.md section 9): asked for, as measured
+    # passthrough is off by default (docs/internals/reliability.md section 9): asked for, as measured
     env["TENSORFS_PASSTHROUGH"] = "0" if copy else "1"
     if libdir:
         env["LD_LIBRARY_PATH"] = str(Path(libdir).resolve())

@@ -1,9 +1,9 @@
-"""A/B of read-path variants (the history in docs/benchmarks.md): mount each variant side by
+"""A/B of read-path variants (the history in docs/internals/benchmarks.md): mount each variant side by
 side, read FILE through each in turn (the FUSE file's page cache dropped with
 posix_fadvise(DONTNEED) before every read), report best / median MB/s and the daemon's CPU
 seconds per GiB served (from /proc/PID/stat: less sensitive to other load than wall time).
 
-    python bench/ab_read.py '{"model": M, "file": "big/weight", "reps": 7, "variants":
+    python bench/rows/ab_read.py '{"model": M, "file": "big/weight", "reps": 7, "variants":
         {"pass": {"passthrough": true, "tensor": "big.weight"},
          "before": {"path": "/copy/of/an/older/tree"}, "now": {}, "s": {"opts": ["-o", "nothreads"]}}}'
 
@@ -19,12 +19,11 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # bench/
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, REPO)
-import run  # noqa: E402 (bench/run.py, found through the path set just above)
-
+from rows import common  # noqa: E402 (bench/rows/common.py, found through the path set just above)
 from tensorfs.runtime import pid_file  # noqa: E402 (this checkout's, through the path above)
 
 CLK = os.sysconf("SC_CLK_TCK")
@@ -43,10 +42,10 @@ def main():
         mnt = os.path.join(WORK, f"mnt_{name}")
         os.makedirs(mnt, exist_ok=True)
         if v.get("passthrough"):
-            off, size = run._tensor_range(model, v["tensor"])
+            off, size = common.tensor_range(model, v["tensor"])
             p = subprocess.Popen(cwd=WORK, args=[sys.executable, os.path.join(HERE, "passthrough.py"),
                                                  model, str(off), str(size), mnt])
-            while not run._mounted(mnt):
+            while not common._mounted(mnt):
                 time.sleep(0.01)
             mounts[name] = (os.path.join(mnt, "data"), p.pid)
             procs.append(p)
@@ -63,7 +62,7 @@ def main():
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.close(fd)
                 c0 = cpu(pid)
-                n, dt = run.read_file(path, cfg.get("bufsize", 1 << 20))
+                n, dt = common.read_file(path, cfg.get("bufsize", 1 << 20))
                 c1 = cpu(pid)
                 res[name]["mbps"].append(n / dt / 1e6)
                 res[name]["cpu"].append((c1 - c0) / (n / 2**30))

@@ -2,7 +2,7 @@
 files/ of an unedited mount of the same model, on the same libfuse: the median of 5 cold
 reads of each, alternated (page cache dropped: root), of a 100 MB GGUF after a metadata edit.
 
-    python bench/bench_edits.py [WORKDIR]     # prints MB/s of each and their ratio
+    python bench/rows/edits.py [WORKDIR]     # prints MB/s of each and their ratio
 """
 import os
 import subprocess

@@ -2,7 +2,7 @@
 1,000 new keys added one after the other (``echo V > metadata/KEY``: ms per key for the
 first and the last 100), then one key edit on a model of 20,000 tensors (ms, median of 5).
 
-    python bench/bench_edit_cost.py [WORKDIR]
+    python bench/rows/edit_cost.py [WORKDIR]
 """
 import os
 import shutil

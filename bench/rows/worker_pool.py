@@ -1,7 +1,7 @@
 """The worker pool, measured two ways.
 
-    python bench/bench_workers.py mount [--mib 64] [--repeat 5] [--types Q4_K,Q8_0]
-    python bench/bench_workers.py convert [--model M.gguf] [--types Q4_K,Q8_0] [--workers 1,2] [--repeat 3]
+    python bench/rows/worker_pool.py mount [--mib 64] [--repeat 5] [--types Q4_K,Q8_0]
+    python bench/rows/worker_pool.py convert [--model M.gguf] [--types Q4_K,Q8_0] [--workers 1,2] [--repeat 3]
 
 ``mount`` (goal T4, issue 23): what a user sees.  Each figure is one fresh process: gguf-py's
 ``GGUFReader`` + ``gguf.quants.dequantize`` of the tensor (the dequantize call timed), and
@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # bench/
 sys.path.insert(0, os.path.dirname(HERE))
 
 from tensorfs.convert import conversion_for  # noqa: E402 (after the sys.path line above)
@@ -138,7 +138,7 @@ def t4_model(workdir: str, mib: int, types: list[str]) -> str:
     (the two readers), ``mib`` MiB of float32 each, written by gguf-py's writer (bench/run.py's
     helpers)."""
     sys.path.insert(0, HERE)
-    from run import _blocks, _cached, _write_gguf
+    from rows.models import _blocks, _cached, _write_gguf
 
     path = os.path.join(workdir, "models", f"t4-{mib}-{'-'.join(types)}-F32.gguf")
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -1,6 +1,6 @@
 """Kernel throughput: tensorfs.convert vs gguf.quants.dequantize, MB/s of float32 output.
 
-    python bench/bench_kernels.py [--mib 4] [--repeat 7]
+    python bench/rows/kernels.py [--mib 4] [--repeat 7]
 
 Input: ``--mib`` MiB of random blocks (fp16 / f32 scale lanes set to finite values) per type.
 Ours is measured twice: returning a fresh array (the plain API) and writing into a reused
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from tensorfs.convert import conversion_for
 from tensorfs.dtypes import GGML_TYPES_BY_NAME

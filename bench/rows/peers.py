@@ -2,7 +2,7 @@
 HTTP (issue 31), in one run on one loopback nginx started here (tests/support/servers.py), with
 `curl` of the same ranges as the wire's reference.
 
-    python bench/bench_peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]
+    python bench/rows/peers.py [--size-mib 1024] [--repeat 3] [--random 200] [--drop-caches]
 
 Systems, interleaved round by round (each round starts with curl's, and the ratios to curl
 are taken within a round: the machine's load moves between rounds), each row on a fresh
@@ -13,7 +13,11 @@ mount: tensorfs (`files/NAME`, the remote file's bytes), `rclone mount :http:` w
   four readers    aggregate MB/s, four threads each reading a quarter of the file at once
   random          total s of --random 1 MiB reads at random 4 KiB-aligned places, and the
                   bytes nginx sent for them ($body_bytes_sent in its access log)
-  first 4 KiB     s from starting the mount command to the first 4 KiB of the file read
+  first 4 KiB     s from starting the mount command to the first 4 KiB of the file read,
+                  after the command returned (rclone's --daemon returns after its own
+                  readiness poll)
+  first, polled   the same from starting the command, the file polled meanwhile (as a
+                  user's program meets it; rclone in the foreground, without --daemon)
   CPU/GiB         the daemon's CPU s (user + system, /proc/PID/stat) per GiB of one reader
 
 Prints a Markdown table; the figures depend on the machine's load (printed with them).
@@ -33,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
@@ -166,6 +170,45 @@ class Bench:
                 time.sleep(0.02)
             mnt.rmdir()
 
+    def first_polled(self, system: str) -> None:
+        """The first 4 KiB as a user meets them: from starting the mount command (rclone's in
+        the foreground, without --daemon and its own readiness poll) to the first 4 KiB of the
+        file read, polling the file meanwhile, not waiting for the command to return."""
+        self.n += 1
+        mnt = self.work / f"mnt{self.n}"
+        mnt.mkdir()
+        command = [c for c in self.mount_command(system, mnt) if c != "--daemon"]
+        env = dict(self.env, PYTHONPATH=self.args.baseline) if system == "tensorfs before" else self.env
+        path = self.file_in(system, mnt)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(command, env=env, cwd=self.work, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() not in (None, 0):
+                        raise RuntimeError(f"{system}: {path} not served") from None
+                    time.sleep(0.001)
+                    continue
+                got = len(os.pread(fd, 4096, 0))
+                os.close(fd)
+                if got == 4096:
+                    break
+            self.keep(system, "first polled", time.perf_counter() - t0)
+        finally:
+            if system.startswith("tensorfs"):       # its command returns once it serves
+                proc.wait(timeout=60)
+            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, check=False)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            mnt.rmdir()
+
     def keep(self, system: str, row: str, value: float) -> None:
         self.results.setdefault((system, row), []).append(value)
 
@@ -227,6 +270,7 @@ class Bench:
             self.keep("load", "load", os.getloadavg()[0])
             self.curl_round()
             for system in systems:
+                self.first_polled(system)
                 self.one_round(system)
                 for row in ("one", "four"):     # against curl of the same round: the load
                     self.keep(system, f"{row}/curl",        # moves between rounds
@@ -241,6 +285,8 @@ class Bench:
                 ("random", f"{self.args.random} random 1 MiB reads, total s", min, "{:.2f}"),
                 ("fetched", f"MiB fetched for those {self.args.random} MiB", min, "{:,.0f}"),
                 ("first", "mount command → first 4 KiB, s", min, "{:.3f}"),
+                ("first polled", "start → first 4 KiB, file polled (rclone foreground), s", min,
+                 "{:.3f}"),
                 ("cpu", "daemon CPU s per GiB (one reader)", min, "{:.2f}")]
         print(f"| row | {' | '.join(systems)} |")
         print("|---|" + "---:|" * len(systems))
@@ -274,7 +320,7 @@ def main() -> None:
     args = parser.parse_args()
     for tool in ("rclone", "curl", "fusermount3"):
         if shutil.which(tool) is None:
-            sys.exit(f"bench_peers: {tool} is not installed (make bench installs it)")
+            sys.exit(f"bench/rows/peers.py: {tool} is not installed (make bench installs it)")
     bench = Bench(args)
     try:
         bench.run()

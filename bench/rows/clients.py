@@ -2,7 +2,7 @@
 reference measured in the same run, against a real nginx on 127.0.0.1 started here
 (tests/support/servers.py).
 
-    python bench/bench_clients.py [--mib 256] [--tensors 64] [--repeat 3] [--no-report]
+    python bench/rows/clients.py [--mib 256] [--tensors 64] [--repeat 3] [--no-report]
 
 W4  whole-file sequential read of MNT/files/model.safetensors, an http mount (fresh each
     time), vs `curl` of the file from the same nginx to /dev/null             goal >= 0.8
@@ -10,7 +10,7 @@ W5  mount + safetensors.safe_open + get_tensor of every tensor of the mounted re
     vs `curl` of the file to a local copy + the same safe_open and get_tensor on it
     (time, lower is better)                                                   goal <= 1.3
 
-Writes its table into docs/benchmarks.md between the clients markers (and prints it).
+Writes its table into docs/internals/benchmarks.md between the clients markers (and prints it).
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.servers import Nginx  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20
-BEGIN = "<!-- clients:begin (bench/bench_clients.py rewrites this part) -->"
+BEGIN = "<!-- clients:begin (bench/rows/clients.py rewrites this part) -->"
 END = "<!-- clients:end -->"
 
 
@@ -241,7 +241,7 @@ def write_docs(text: str, path: Path) -> None:
     if BEGIN in doc:
         doc = doc[:doc.index(BEGIN)] + text + doc[doc.index(END) + len(END):]
     else:
-        doc = doc.rstrip("\n") + "\n\n## Real clients (`bench/bench_clients.py`)\n\n" + text + "\n"
+        doc = doc.rstrip("\n") + "\n\n## Real clients (`bench/rows/clients.py`)\n\n" + text + "\n"
     path.write_text(doc)
 
 
@@ -269,7 +269,7 @@ def main() -> int:
     finally:
         server.stop()
     elapsed = time.perf_counter() - t0
-    text = report(b, "python bench/bench_clients.py " + " ".join(sys.argv[1:]), elapsed, load_before)
+    text = report(b, "python bench/rows/clients.py " + " ".join(sys.argv[1:]), elapsed, load_before)
     print(text)
     if not args.no_report:
         write_docs(text, Path(args.out))

@@ -1,7 +1,7 @@
 """What receiving a remote file's blocks costs a process, by how the body is taken: the
-receive side of a remote mount's reads, without FUSE (docs/copylimit.md).
+receive side of a remote mount's reads, without FUSE (docs/internals/copylimit.md).
 
-    python bench/bench_receive.py [--size-mib 1024] [--threads 4] [--repeat 3]
+    python bench/rows/receive.py [--size-mib 1024] [--threads 4] [--repeat 3]
 
 One loopback nginx (tests/support/servers.py) serves a file of noise; ``--threads`` threads
 read it in 4 MiB ranges, each range once, as the mount's fetch threads do.  Ways:
@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 sys.path.insert(0, str(HERE.parent))
 
 from tests.support.servers import Nginx  # noqa: E402 - after the path is set

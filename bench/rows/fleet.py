@@ -1,9 +1,9 @@
-"""A fleet on one origin fetch (issue 37 C, docs/fleet.md): N nodes mount one URL, each
+"""A fleet on one origin fetch (issue 37 C, docs/reference/fleet.md): N nodes mount one URL, each
 reading the whole model, straight from the origin or through a caching tier (nginx with
 ``slice``, ``proxy_cache`` and ``proxy_cache_lock``: ``tests/support/servers.py``'s
-``CacheTier``, the config docs/fleet.md shows), all on 127.0.0.1.
+``CacheTier``, the config docs/reference/fleet.md shows), all on 127.0.0.1.
 
-    python bench/bench_fleet.py [--size-mib 256] [--nodes 1,2,4] [--repeat 1]
+    python bench/rows/fleet.py [--size-mib 256] [--nodes 1,2,4] [--repeat 1]
 
 Per N and path (origin or tier, the tier's cache empty at the start of each run): the total
 time from starting the N ``tensorfs mount`` commands at once to the last node having read
@@ -25,12 +25,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
-from bench_peers import make_model  # noqa: E402 (bench/ is the script's own directory)
-
+from rows.peers import make_model  # noqa: E402 (bench/rows/peers.py)
 from tests.support.servers import CacheTier, Nginx  # noqa: E402 (after the sys.path line above)
 
 MiB = 1 << 20

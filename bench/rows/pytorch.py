@@ -4,7 +4,7 @@ of the checkpoint and against a conversion with safetensors' save_file (torch.lo
 save_file: what the Hub's convert.py does).  The median of RUNS runs of each, warm (the
 checkpoint in the page cache: every contender reads the same bytes from memory).
 
-    python bench/bench_pytorch.py [WORKDIR]     # prints a markdown table
+    python bench/rows/pytorch.py [WORKDIR]     # prints a markdown table
 """
 import gc
 import os

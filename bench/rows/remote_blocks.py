@@ -8,7 +8,7 @@ caches ("readahead", "blockcache", "bytes", "first"; block_size 4 MiB) on the sa
 read: its MB/s, requests and bytes fetched (nginx's access log).  And curl of the whole range,
 one stream: the reference.
 
-    .venv/bin/python bench/bench_remote_blocks.py [--rtt 0.02] [--sizes 1,2,4,8]
+    .venv/bin/python bench/rows/remote_blocks.py [--rtt 0.02] [--sizes 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 

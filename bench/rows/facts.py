@@ -1,7 +1,7 @@
 """Tensor facts (issue 23): ``tensorfs hash``, ``stats`` and ``diff``, each a ratio against a
 reference measured in the same run (higher is better: reference time / tensorfs time).
 
-    python bench/bench_facts.py [--model-mib 1024] [--q4k-mib 64] [--repeat 3] [--no-report]
+    python bench/rows/facts.py [--model-mib 1024] [--q4k-mib 64] [--repeat 3] [--no-report]
 
 T1  `tensorfs hash --sha256` of a --model-mib safetensors model vs `sha256sum` of the file,
     page cache warm                                                          goal >= 1.0
@@ -13,7 +13,7 @@ T5  `tensorfs hash --sha256` of the T1 model over http (nginx on 127.0.0.1) vs
     `curl -s URL | sha256sum`                                                  goal >= 0.8
 
 Each command runs in a fresh process (its start-up counted); the best of --repeat runs.
-Writes its table into docs/benchmarks.md between the facts markers (and prints it).
+Writes its table into docs/internals/benchmarks.md between the facts markers (and prints it).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]          # bench/
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 MiB = 1 << 20
-BEGIN, END = "<!-- facts:begin (bench/bench_facts.py rewrites this part) -->", "<!-- facts:end -->"
+BEGIN, END = "<!-- facts:begin (bench/rows/facts.py rewrites this part) -->", "<!-- facts:end -->"
 TENSORFS = [sys.executable, "-m", "tensorfs"]
 
 BASELINE_STATS = r"""
@@ -174,7 +174,7 @@ def main() -> int:
         rows.append(("T5", "hash --sha256 of the T1 model over http (nginx, 127.0.0.1)",
                      "`curl \\| sha256sum`", ref, ours, 0.8, load()))
     elapsed = time.perf_counter() - t_start
-    command = "python bench/bench_facts.py " + " ".join(sys.argv[1:])
+    command = "python bench/rows/facts.py " + " ".join(sys.argv[1:])
     lines = [f"`{command}` — {datetime.date.today()}, {platform.machine()}, "
              f"{os.cpu_count()} CPUs, {elapsed:.0f} s", "",
              "| row | what | reference | ref s | tensorfs s | ratio | goal | load (1/5 min) |",

@@ -2,7 +2,7 @@
 thread count after each round of bursts (issue 18: libfuse before 3.12 destroyed idle
 workers, each keeping a pinned Python thread state).
 
-    LD_LIBRARY_PATH=build/libfuse/3.10.5 .venv/bin/python bench/burst_threads.py [ROUNDS]
+    LD_LIBRARY_PATH=build/libfuse/3.10.5 .venv/bin/python bench/rows/burst_threads.py [ROUNDS]
 
 Each burst is 48 threads asking for an extended attribute at once (the kernel caches no
 xattr, so every call is a request, and a synchronous one: no ``max_background`` cap), which

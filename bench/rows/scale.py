@@ -1,6 +1,6 @@
 """Scale: a synthetic sharded model of many tensors, mounted for real.
 
-    python bench/bench_scale.py [--tensors 10000 100000] [--shards 160] [--repeat 3] [--keep DIR]
+    python bench/rows/scale.py [--tensors 10000 100000] [--shards 160] [--repeat 3] [--keep DIR]
 
 For each tensor count: a Hugging Face layout (``model-0000K-of-00160.safetensors`` shards plus
 ``model.safetensors.index.json``) is written by hand, every data section a hole (``truncate``),
@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 from tensorfs.runtime import pid_file
 
