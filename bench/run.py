@@ -129,8 +129,8 @@ def main() -> int:
     p.add_argument("--tensorfs-path", help="import tensorfs from here (compare a copy of the tree)")
     p.add_argument("-o", dest="option", action="append", default=[], help="extra mount -o options")
     p.add_argument("--workers", type=int, help="mount --workers N (default: tensorfs's own)")
-    p.add_argument("--out", default=os.path.join(REPO, "docs", "benchmarks.md"))
-    p.add_argument("--png", default=os.path.join(REPO, "docs", "benchmarks.png"))
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "internals", "benchmarks.md"))
+    p.add_argument("--png", default=os.path.join(REPO, "docs", "internals", "benchmarks.png"))
     p.add_argument("--json", default=os.path.join(HERE, "results.json"),
                    help="the one results file: every row's figures (bench/results.json)")
     p.add_argument("--nice", type=int, default=0, metavar="N",

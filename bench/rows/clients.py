@@ -252,7 +252,7 @@ def main() -> int:
     p.add_argument("--tensors", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workdir", default=str(REPO / "build" / "bench-clients"))
-    p.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    p.add_argument("--out", default=str(REPO / "docs" / "internals" / "benchmarks.md"))
     p.add_argument("--no-report", action="store_true")
     args = p.parse_args()
     if not shutil.which("curl"):

@@ -186,7 +186,7 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_report:
-        doc = REPO / "docs" / "benchmarks.md"
+        doc = REPO / "docs" / "internals" / "benchmarks.md"
         body = doc.read_text()
         if BEGIN in body and END in body:
             head, rest = body.split(BEGIN, 1)

@@ -381,7 +381,7 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=150_000)
     p.add_argument("--header-tensors", type=int, default=3000)
     p.add_argument("--workdir", default=str(REPO / "build" / "bench-remote"))
-    p.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    p.add_argument("--out", default=str(REPO / "docs" / "internals" / "benchmarks.md"))
     p.add_argument("--no-report", action="store_true")
     args = p.parse_args()
     if not shutil.which("curl"):
