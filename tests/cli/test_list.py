@@ -145,3 +145,15 @@ def test_a_deleted_companion_is_named(tmp_path, mount):
     assert row["state"] == "source changed", row
     assert row["reason"] == (f"{config} (files/config.json) changed: deleted or renamed away "
                              "since it was mounted; it reads EIO, the tensors serve"), row
+
+
+def test_a_directory_model_is_listed_as_the_directory_named(tmp_path, mount):
+    """docs/cli.md: SOURCE is the model as the user named it, a directory too (it showed the
+    file the directory resolved to)."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors")
+    (directory / "config.json").write_text("{}")
+    mnt = mount(directory)
+    assert _row(mnt)["source"] == str(directory)
+    assert _line(mnt).split()[1] == str(directory)

@@ -120,6 +120,7 @@ def test_list_names_a_directorys_file_changed_on_the_server_before_its_first_rea
     s3.pipe_file("dirchanged/config.json", b'{"model_type": "llama"}')
     mnt = rmount("s3://dirchanged")
     assert _row(mnt)["state"] == "serving"
+    assert _row(mnt)["source"] == "s3://dirchanged"          # as named, not the model file
     s3.pipe_file("dirchanged/config.json", b'{"model_type": "mamba", "more": 1}')
     assert read_errno(mnt / "files" / "config.json") == errno.EIO
     row = _row(mnt)
