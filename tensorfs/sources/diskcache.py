@@ -210,47 +210,90 @@ class DiskCache:
 
     # -- writing ---------------------------------------------------------------------------
     def put(self, key: str, index: int, data) -> None:
+        """Keep block ``index`` of ``key``, or silently do not (a full disk, a busy lock, no
+        room the bound allows).  Its room is taken before a byte is written: under the lock,
+        its temporary file is made at its full size (so that every scan counts it whole) and
+        added to the ledger, evicting first if need be; a block that does not fit beside the
+        blocks being written by every mount is not kept.  So DIR holds at most SIZE at every
+        moment, not only between puts."""
         length = len(data)
         name = _block_name(key, index)
-        if name is None or not 0 < length <= MAX_BLOCK or HEADER_SIZE + length > self._limit:
+        need = HEADER_SIZE + length
+        if name is None or not 0 < length <= MAX_BLOCK or need > self._limit:
             return
         head = _header(key, index, data)
         pid = os.getpid()
         if self._started_pid != pid:
             self._started_pid, self._started = pid, _started(pid) or 0
         tmp = f".{name}.{pid}.{self._started}.{threading.get_ident()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FILE, 0o600,
-                         dir_fd=self._fd)
-        except OSError:
+        if not self._reserve(tmp, need):
             return
+        kept = False
         try:
+            fd = os.open(tmp, os.O_WRONLY | _OPEN_FILE, dir_fd=self._fd)
             try:
                 _write_all(fd, head, data)
             finally:
                 os.close(fd)
             with self._locked(wait=LOCK_WAIT_S) as locked:
                 if not locked:
-                    return
+                    return          # the ledger counts it until the next scan: over, not under
                 try:
                     os.link(tmp, name, src_dir_fd=self._fd, dst_dir_fd=self._fd,
                             follow_symlinks=False)
                 except FileExistsError:
+                    self._release(tmp, need)
                     return          # another mount kept it first (or a file not ours is there)
-                finally:
-                    _unlink(self._fd, tmp)      # before a scan: not counted twice
+                _unlink(self._fd, tmp)          # the block's bytes, counted once
+                kept = True
                 used = self._read_ledger()
-                if used is None:
-                    used = self._scan()
-                else:
-                    used = (used[0] + HEADER_SIZE + length, used[1] + 1)
-                    if used[0] > self._limit or used[1] > MAX_BLOCKS:
-                        used = self._scan()
-                self._write_ledger(*used)
+                self._write_ledger(*(self._scan() if used is None else (used[0], used[1] + 1)))
         except OSError:
+            if not kept:
+                with self._locked(wait=LOCK_WAIT_S) as locked:
+                    if locked:
+                        self._release(tmp, need)
             return                  # a full disk: the block is just not kept
         finally:
             _unlink(self._fd, tmp)
+
+    def _reserve(self, tmp: str, need: int) -> bool:
+        """Make ``tmp`` at ``need`` bytes and count it in the ledger, under the lock, if
+        DIR has room for it within the bound (evicting the oldest blocks for it)."""
+        with self._locked(wait=LOCK_WAIT_S) as locked:
+            if not locked:
+                return False
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FILE, 0o600,
+                             dir_fd=self._fd)
+            except OSError:
+                return False
+            try:
+                try:
+                    os.ftruncate(fd, need)      # its full size: any scan counts it whole
+                finally:
+                    os.close(fd)
+                used = self._read_ledger()
+                if used is not None:
+                    used = (used[0] + need, used[1])
+                if used is None or used[0] > self._limit or used[1] > MAX_BLOCKS:
+                    used = self._scan()         # counts tmp too; evicts to make room
+                if used[0] > self._limit or used[1] > MAX_BLOCKS:
+                    _unlink(self._fd, tmp)      # no room beside what is being written now
+                    self._write_ledger(used[0] - need, used[1])
+                    return False
+                self._write_ledger(*used)
+                return True
+            except OSError:
+                _unlink(self._fd, tmp)
+                return False
+
+    def _release(self, tmp: str, need: int) -> None:
+        """Give back the room ``_reserve`` took for ``tmp`` (the lock held)."""
+        _unlink(self._fd, tmp)
+        used = self._read_ledger()
+        if used is not None:
+            self._write_ledger(used[0] - need, used[1])
 
     # -- the whole directory -----------------------------------------------------------------
     def usage(self) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -445,6 +446,49 @@ def test_two_caches_in_one_process_share_the_bound(tmp_path):
     # the newest blocks are the ones kept (eviction by age across both)
     assert second.get(other, 11, BLOCK) == _block(111)
     assert first.get(KEY, 0, BLOCK) is None
+
+
+
+def test_blocks_being_written_count_toward_the_bound_at_every_moment(tmp_path, monkeypatch):
+    """Three mounts' caches on one DIR, eight blocks written at once: DIR holds at most SIZE
+    while they are written, not only once they are in place.  (A block's temporary file was
+    written before the lock and the ledger counted it: DIR held every block in flight on top
+    of a full ledger, 8.4 MB in a 6M DIR under test_remote_cache_shared.)  Each writer is
+    held once its bytes are written, until all have written or a second has passed: the
+    moment DIR holds the most."""
+    from tensorfs.sources import diskcache
+
+    directory = tmp_path / "cache"
+    size = 4 * BLOCK + 8192
+    caches = [DiskCache(str(directory), size) for _ in range(3)]
+    writers = 8
+    held = threading.Barrier(writers)
+    seen: list[int] = []
+    write_all = diskcache._write_all
+
+    def written_then_held(fd, head, data):
+        write_all(fd, head, data)
+        seen.append(_cache_bytes(directory))
+        try:
+            held.wait(timeout=1.0)
+        except threading.BrokenBarrierError:
+            pass
+        seen.append(_cache_bytes(directory))
+
+    monkeypatch.setattr(diskcache, "_write_all", written_then_held)
+    threads = [threading.Thread(target=caches[k % 3].put, args=(KEY, k, _block(k)))
+               for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen and max(seen) <= size, (max(seen), size)
+    assert not [p for p in (directory / ROOT).iterdir() if p.name.endswith(".tmp")]
+    kept = _blocks(directory)
+    assert kept and all(caches[0].get(KEY, int(p.name.rsplit(".", 1)[1]), BLOCK) ==
+                        _block(int(p.name.rsplit(".", 1)[1])) for p in kept)
+    assert 0 < _cache_bytes(directory) <= size
+    assert caches[0].usage()[0] == caches[1]._read_ledger()[0]      # the ledger is exact
 
 
 def _start_ticks(pid: int) -> int:
