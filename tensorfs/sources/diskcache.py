@@ -258,12 +258,20 @@ class DiskCache:
             _unlink(self._fd, tmp)
 
     def _reserve(self, tmp: str, need: int) -> bool:
-        """Make ``tmp`` at ``need`` bytes and count it in the ledger, under the lock, if
-        DIR has room for it within the bound (evicting the oldest blocks for it)."""
+        """Count ``need`` bytes more in the ledger and make ``tmp`` at that size, under the
+        lock, if DIR has room for them within the bound (evicting the oldest blocks for
+        them); else make nothing.  The room is found before the file is made: a file made
+        first, then removed for want of room, would be over the bound meanwhile."""
         with self._locked(wait=LOCK_WAIT_S) as locked:
             if not locked:
                 return False
             try:
+                used = self._read_ledger()
+                if used is None or used[0] + need > self._limit or used[1] >= MAX_BLOCKS:
+                    used = self._scan(need=need)        # evicts to make room for need
+                if used[0] + need > self._limit or used[1] >= MAX_BLOCKS:
+                    self._write_ledger(*used)
+                    return False        # no room beside the blocks being written now
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FILE, 0o600,
                              dir_fd=self._fd)
             except OSError:
@@ -273,20 +281,11 @@ class DiskCache:
                     os.ftruncate(fd, need)      # its full size: any scan counts it whole
                 finally:
                     os.close(fd)
-                used = self._read_ledger()
-                if used is not None:
-                    used = (used[0] + need, used[1])
-                if used is None or used[0] > self._limit or used[1] > MAX_BLOCKS:
-                    used = self._scan()         # counts tmp too; evicts to make room
-                if used[0] > self._limit or used[1] > MAX_BLOCKS:
-                    _unlink(self._fd, tmp)      # no room beside what is being written now
-                    self._write_ledger(used[0] - need, used[1])
-                    return False
-                self._write_ledger(*used)
-                return True
             except OSError:
                 _unlink(self._fd, tmp)
                 return False
+            self._write_ledger(used[0] + need, used[1])
+            return True
 
     def _release(self, tmp: str, need: int) -> None:
         """Give back the room ``_reserve`` took for ``tmp`` (the lock held)."""
@@ -301,10 +300,11 @@ class DiskCache:
         with self._locked(wait=None):
             return self._scan(evict=False)
 
-    def _scan(self, evict: bool = True) -> tuple[int, int]:
+    def _scan(self, evict: bool = True, need: int = 0) -> tuple[int, int]:
         """Count ROOT's blocks and live temporary files, remove the temporary files of dead
-        writers and (``evict``) the oldest blocks past the bound.  Called with the lock held.
-        Returns (bytes, blocks) after eviction."""
+        writers and (``evict``) the oldest blocks past the bound, ``need`` bytes more
+        counted (a block about to be written).  Called with the lock held.  Returns (bytes,
+        blocks) after eviction, without ``need``."""
         blocks: list[tuple[int, str, int, int, int]] = []   # mtime, name, size, ino, dev
         used = 0
         with os.scandir(self._fd) as entries:
@@ -337,10 +337,10 @@ class DiskCache:
                 elif verdict == "bad":
                     self._remove(entry.name, st)
         count = len(blocks)
-        if evict and (used > self._limit or count > MAX_BLOCKS):
+        if evict and (used + need > self._limit or count + (need > 0) > MAX_BLOCKS):
             blocks.sort()
             for _, name, size, ino, dev in blocks:
-                if used <= self._target and count <= MAX_BLOCKS - MAX_BLOCKS // 10:
+                if used + need <= self._target and count <= MAX_BLOCKS - MAX_BLOCKS // 10:
                     break
                 self._remove(name, ino=ino, dev=dev)
                 used -= size
