@@ -170,7 +170,8 @@ class RemoteSource(Source):
             # INFO, and again once the daemon serves (start): the daemon's log, never the
             # terminal, where the mount prints nothing but its one error line
             log.info("%s: the server gives no version (ETag) for it: a change of the file "
-                     "under the mount cannot be told; not kept in the disk cache", path)
+                     "under the mount is told only by its size and Last-Modified; not kept in "
+                     "the disk cache", path)
             if disk is not None and path not in settings.unkept:
                 settings.unkept.append(path)
         key = (path, self.version)
@@ -200,7 +201,8 @@ class RemoteSource(Source):
         self.blocks.page_cached = served_once
         if self.version is None:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
-                        "under the mount cannot be told; not kept in the disk cache", self.path)
+                        "under the mount is told only by its size and Last-Modified; not kept "
+                        "in the disk cache", self.path)
 
     def vouch(self, offset: int = 0, size: int = 0) -> None:
         """A file whose version changed is refused at open too (its error logged once)."""
