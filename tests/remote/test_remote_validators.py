@@ -15,6 +15,7 @@ import pytest
 from safetensors.numpy import save
 
 from tests.support import read_errno, run_tensorfs
+from tests.support.hostile import _from_nginx, _json_answer
 
 BIG = np.arange(4 << 20, dtype=np.float32)         # 16 MiB: its last block is read after the mount
 DATA = save({"w": BIG})
@@ -81,6 +82,27 @@ def test_an_answer_whose_validator_changed_is_never_served(lie, etag, modified, 
     row = _row(mnt)
     assert row["state"] == "source changed" and "the file changed" in row["reason"], row
     assert "the file changed" in log.read_text()
+
+
+def test_a_hub_file_whose_size_changed_under_its_commit_is_never_served(nginx, hostile, rmount):
+    """The Hub's commit pins the bytes, and its CDN's ETag and Last-Modified are not the
+    file's: the size (the Content-Range total) is checked all the same."""
+    state = {"now": None}
+    files = _server(state, etag=False, modified=False)
+
+    async def answer(method, path, headers):
+        if "/resolve/" in path:
+            async for chunk in files(method, path, headers):
+                yield chunk
+        else:
+            yield _json_answer(_from_nginx(nginx, path))
+    server = hostile(answer)
+    mnt = rmount("hf://tfs/safetensors/model.safetensors", "--timeout", "5",
+                 env={"HF_ENDPOINT": server.url})
+    state["now"] = "total"
+    assert read_errno(mnt / "w", offset=BIG.nbytes - 4096, size=4096) == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "source changed" and "bytes now" in row["reason"], row
 
 
 def test_an_answer_shorter_than_the_range_asked_for_is_not_served(hostile, rmount):
