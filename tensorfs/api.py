@@ -228,7 +228,7 @@ class OpenModel:
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
-    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+    return memoryview(array.reshape(-1).view(np.uint8))  # type: ignore[arg-type, unused-ignore]
 
 
 def _mapped(fd: int, tensor: TensorInfo, dtype: np.dtype) -> np.memmap:

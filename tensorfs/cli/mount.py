@@ -199,7 +199,7 @@ def cmd_mount(args) -> int:
             loaded, info = None, {"source": shown_source(args.model)}
         else:
             loaded = _load(args, budget, settings)
-            info = _mount_info(loaded[0])
+            info = _mount_info(loaded[0], args.model)
     except BaseException:
         fuse_loaded.join()
         if log_fd is not None:
@@ -211,7 +211,7 @@ def cmd_mount(args) -> int:
     def prepare():                      # in the daemon: the model read there
         nonlocal loaded
         loaded = _load(args, budget, settings, in_daemon=True)
-        info.update(_mount_info(loaded[0]))
+        info.update(_mount_info(loaded[0], args.model))
 
     def serve(on_ready):
         _, mounted, st, options, editor = loaded
@@ -232,9 +232,10 @@ def cmd_mount(args) -> int:
     return 0
 
 
-def _mount_info(model) -> dict:
-    """What the mount's status file says of it (``tensorfs list``)."""
-    return {"source": shown_source(str(model.source)), "tensors": len(model.tensors),
+def _mount_info(model, named: str) -> dict:
+    """What the mount's status file says of it (``tensorfs list``): the source as the user
+    named it (a directory, an index, a repository; not the file it resolved to)."""
+    return {"source": shown_source(named), "tensors": len(model.tensors),
             "files": _served_files(model)}
 
 

@@ -53,7 +53,7 @@ def read_converted(source: Readable, offset: int, conversion: Conversion, first_
     length = n_blocks * conversion.block_bytes
     raw = scratch[:length]
     source.read_into(offset + first_block * conversion.block_bytes,
-                     memoryview(raw))  # type: ignore[arg-type]
+                     memoryview(raw))  # type: ignore[arg-type, unused-ignore]
     return convert_blocks(conversion, raw, out)
 
 

@@ -10,7 +10,7 @@
 
 Both are checked before the model is read (``check_plot``: matplotlib is there, FILE can
 be written) and written as a new file renamed over FILE (``tensorfs.facts.files.write_output``).
-Needs matplotlib (``pip install 'tensorfs-fuse[plot]'``).
+Needs matplotlib, the plot extra (in a tensorfs checkout: ``pip install -e '.[plot]'``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ def _pyplot():
     try:
         import matplotlib  # the plot extra, for --plot only
     except ImportError:
-        raise FactsError("--plot needs matplotlib: pip install 'tensorfs-fuse[plot]'") from None
+        raise FactsError("--plot needs matplotlib, the optional package of the plot extra: in a "
+                         "tensorfs checkout, pip install -e '.[plot]' (make test installs it "
+                         "into .venv)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after the backend is chosen
 

@@ -51,6 +51,7 @@ import time
 from concurrent.futures import Future
 from typing import NamedTuple
 
+from tensorfs import status as mount_status
 from tensorfs.errors import ModelError
 from tensorfs.loading.checkpoints import BytesSource, ComposedSource
 from tensorfs.sources.local import ModelSource
@@ -231,39 +232,63 @@ class Companion:
             return source
 
     def _open(self):
+        """The companion's source, opened; else ``SourceError`` (EIO), which ``tensorfs
+        list`` shows too, naming the file: "source changed" for a file that is no longer
+        the one mounted (every read of it fails until the mount is made again), "degraded"
+        for one that cannot be opened now (until an open works again)."""
         failed = self._failed
         if failed is not None and time.monotonic() < failed[0]:
             raise failed[1]
+        changed = None
         try:
             source = self._opener()
-        except ModelError as error:
-            problem = SourceError(errno.EIO, f"{self.path}: {error.message}")
-        except OSError as error:
-            problem = SourceError(errno.EIO, f"{self.path}: {error.strerror or error}")
+        except (ModelError, OSError) as error:
+            changed = self._gone(error)
+            why = error.message if isinstance(error, ModelError) else error.strerror or error
+            problem = SourceError(errno.EIO, f"{self.path}: {why}")
         else:
-            problem = self._not_the_same(source)
-            if problem is None:
+            changed = self._not_the_same(source)
+            if changed is None:
                 self._failed = None
+                mount_status.read_ok(self.path)     # list: serving again, if it was degraded
                 return source
             source.close()
+        if changed is not None:
+            problem = SourceError(errno.EIO, f"{self.path}: {changed}; every read of it now "
+                                  "fails with EIO (unmount and mount again to serve it)")
         problem.logged = True
         if not self._said:                  # once: a reader may try again and again
             self._said = True
             log.error("%s", problem)
+        if changed is not None:
+            mount_status.report(mount_status.SOURCE_CHANGED, str(problem.strerror))
+        else:
+            mount_status.read_failed(self.path, str(problem.strerror)[len(self.path) + 2:])
         if not self._local:
             self._failed = (time.monotonic() + FAILED_OPEN_RETRY_S, problem)
         raise problem
 
-    def _not_the_same(self, source) -> SourceError | None:
+    def _gone(self, error: ModelError | OSError) -> str | None:
+        """Why a local companion that failed to open is no longer the file mounted (deleted,
+        or something else at its path now), or None (it may open again: a mode, a limit)."""
+        if not self._local:
+            return None
+        if not os.path.lexists(self.path):
+            return "deleted or renamed away since it was mounted"
+        if isinstance(error, ModelError) and error.kind in ("not_a_file", "outside"):
+            return f"replaced since it was mounted ({error.message})"
+        return None
+
+    def _not_the_same(self, source) -> str | None:
+        """Why ``source`` is not the file that was mounted (listed), or None."""
         if self.facts is not None:
             now = Facts.of(source.stat())
             if (now.dev, now.ino, now.size, now.mtime_ns) != self.facts[:4]:
-                return SourceError(errno.EIO, f"{self.path}: the file changed since it was "
-                                   "mounted (another file, or other contents, at its path "
-                                   "now): unmount and mount again to serve it")
+                return ("replaced or rewritten since it was mounted (another file, or other "
+                        "contents, at its path now)")
         elif self.listed_size is not None and source.size != self.listed_size:
-            return SourceError(errno.EIO, f"{self.path}: the file changed since it was "
-                               f"listed ({source.size} bytes now, {self.listed_size} then)")
+            return (f"changed on the server since it was listed ({source.size} bytes now, "
+                    f"{self.listed_size} then)")
         return None
 
     def _opened(self, source) -> None:

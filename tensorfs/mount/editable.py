@@ -620,7 +620,7 @@ class Editor:
             del self._left_types[next(iter(self._left_types))]
 
     def scratch_bytes(self) -> int:
-        return sum(len(s.view.data) for s in self._scratch.values())
+        return sum(len(s.view.data) for s in list(self._scratch.values()))
 
     def _set_key(self, key: str, typed) -> None:
         self._shown(self.session.set_key(key, typed))

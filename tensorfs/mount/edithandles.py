@@ -32,6 +32,9 @@ from tensorfs.views.names import FileNode
 # many (``Editor.create``), holding at most this much in all.
 MAX_SCRATCH_FILES = 64
 MAX_SCRATCH_BYTES = 64 << 20
+# held while a scratch file grows: the check of what all of them hold and the growth are one
+# step, whichever of their handles grow at once (each handle's own lock covers only itself)
+_SCRATCH_GROWTH = threading.Lock()
 
 
 class HandleOwner(Protocol):
@@ -275,11 +278,12 @@ class MetadataWrite(_BufferedWrite):
 
     def _write(self, offset: int, data: bytes) -> None:
         end = offset + len(data)
-        if self.key is None and end > len(self.buf) \
-                and self.owner.scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
-            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
-                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
-        super()._write(offset, data)
+        if self.key is None and end > len(self.buf):
+            with _SCRATCH_GROWTH:
+                self._room_for(end)
+                super()._write(offset, data)
+        else:
+            super()._write(offset, data)
         if self.type_name != "string" and not self.type_name.startswith("array") \
                 and self.buf.endswith(b"\n"):
             # a scalar's one line is complete: text that does not read fails the write
@@ -291,6 +295,21 @@ class MetadataWrite(_BufferedWrite):
                 what = "the key keeps its value" if self.key is not None else "not a key"
                 raise EditRefused(errno.EINVAL, f"metadata/{self.key or 'file'}: {error} "
                                   f"({what})") from None
+
+    def _truncate(self, size: int) -> None:
+        if self.key is None and size > len(self.buf):
+            with _SCRATCH_GROWTH:           # a truncate that lengthens is a write of zeros
+                self._room_for(size)
+                super()._truncate(size)
+        else:
+            super()._truncate(size)
+
+    def _room_for(self, end: int) -> None:
+        """ENOSPC unless this scratch file may grow to ``end`` bytes (``_SCRATCH_GROWTH``
+        held)."""
+        if self.owner.scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
+            raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
+                              f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
 
     def _keep(self) -> None:
         self.owner.keep_metadata(self)

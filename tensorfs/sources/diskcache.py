@@ -210,47 +210,89 @@ class DiskCache:
 
     # -- writing ---------------------------------------------------------------------------
     def put(self, key: str, index: int, data) -> None:
+        """Keep block ``index`` of ``key``, or silently do not (a full disk, a busy lock, no
+        room the bound allows).  Its room is taken before a byte is written: under the lock,
+        its temporary file is made at its full size (so that every scan counts it whole) and
+        added to the ledger, evicting first if need be; a block that does not fit beside the
+        blocks being written by every mount is not kept.  So DIR holds at most SIZE at every
+        moment, not only between puts."""
         length = len(data)
         name = _block_name(key, index)
-        if name is None or not 0 < length <= MAX_BLOCK or HEADER_SIZE + length > self._limit:
+        need = HEADER_SIZE + length
+        if name is None or not 0 < length <= MAX_BLOCK or need > self._limit:
             return
         head = _header(key, index, data)
         pid = os.getpid()
         if self._started_pid != pid:
             self._started_pid, self._started = pid, _started(pid) or 0
         tmp = f".{name}.{pid}.{self._started}.{threading.get_ident()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FILE, 0o600,
-                         dir_fd=self._fd)
-        except OSError:
+        if not self._reserve(tmp, need):
             return
+        kept = False
         try:
+            fd = os.open(tmp, os.O_WRONLY | _OPEN_FILE, dir_fd=self._fd)
             try:
                 _write_all(fd, head, data)
             finally:
                 os.close(fd)
             with self._locked(wait=LOCK_WAIT_S) as locked:
                 if not locked:
-                    return
+                    return          # the ledger counts it until the next scan: over, not under
                 try:
                     os.link(tmp, name, src_dir_fd=self._fd, dst_dir_fd=self._fd,
                             follow_symlinks=False)
                 except FileExistsError:
+                    self._release(tmp, need)
                     return          # another mount kept it first (or a file not ours is there)
-                finally:
-                    _unlink(self._fd, tmp)      # before a scan: not counted twice
+                _unlink(self._fd, tmp)          # the block's bytes, counted once
+                kept = True
                 used = self._read_ledger()
-                if used is None:
-                    used = self._scan()
-                else:
-                    used = (used[0] + HEADER_SIZE + length, used[1] + 1)
-                    if used[0] > self._limit or used[1] > MAX_BLOCKS:
-                        used = self._scan()
-                self._write_ledger(*used)
+                self._write_ledger(*(self._scan() if used is None else (used[0], used[1] + 1)))
         except OSError:
+            if not kept:
+                with self._locked(wait=LOCK_WAIT_S) as locked:
+                    if locked:
+                        self._release(tmp, need)
             return                  # a full disk: the block is just not kept
         finally:
             _unlink(self._fd, tmp)
+
+    def _reserve(self, tmp: str, need: int) -> bool:
+        """Count ``need`` bytes more in the ledger and make ``tmp`` at that size, under the
+        lock, if DIR has room for them within the bound (evicting the oldest blocks for
+        them); else make nothing.  The room is found before the file is made: a file made
+        first, then removed for want of room, would be over the bound meanwhile."""
+        with self._locked(wait=LOCK_WAIT_S) as locked:
+            if not locked:
+                return False
+            try:
+                used = self._read_ledger()
+                if used is None or used[0] + need > self._limit or used[1] >= MAX_BLOCKS:
+                    used = self._scan(need=need)        # evicts to make room for need
+                if used[0] + need > self._limit or used[1] >= MAX_BLOCKS:
+                    self._write_ledger(*used)
+                    return False        # no room beside the blocks being written now
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FILE, 0o600,
+                             dir_fd=self._fd)
+            except OSError:
+                return False
+            try:
+                try:
+                    os.ftruncate(fd, need)      # its full size: any scan counts it whole
+                finally:
+                    os.close(fd)
+            except OSError:
+                _unlink(self._fd, tmp)
+                return False
+            self._write_ledger(used[0] + need, used[1])
+            return True
+
+    def _release(self, tmp: str, need: int) -> None:
+        """Give back the room ``_reserve`` took for ``tmp`` (the lock held)."""
+        _unlink(self._fd, tmp)
+        used = self._read_ledger()
+        if used is not None:
+            self._write_ledger(used[0] - need, used[1])
 
     # -- the whole directory -----------------------------------------------------------------
     def usage(self) -> tuple[int, int]:
@@ -258,10 +300,11 @@ class DiskCache:
         with self._locked(wait=None):
             return self._scan(evict=False)
 
-    def _scan(self, evict: bool = True) -> tuple[int, int]:
+    def _scan(self, evict: bool = True, need: int = 0) -> tuple[int, int]:
         """Count ROOT's blocks and live temporary files, remove the temporary files of dead
-        writers and (``evict``) the oldest blocks past the bound.  Called with the lock held.
-        Returns (bytes, blocks) after eviction."""
+        writers and (``evict``) the oldest blocks past the bound, ``need`` bytes more
+        counted (a block about to be written).  Called with the lock held.  Returns (bytes,
+        blocks) after eviction, without ``need``."""
         blocks: list[tuple[int, str, int, int, int]] = []   # mtime, name, size, ino, dev
         used = 0
         with os.scandir(self._fd) as entries:
@@ -294,10 +337,10 @@ class DiskCache:
                 elif verdict == "bad":
                     self._remove(entry.name, st)
         count = len(blocks)
-        if evict and (used > self._limit or count > MAX_BLOCKS):
+        if evict and (used + need > self._limit or count + (need > 0) > MAX_BLOCKS):
             blocks.sort()
             for _, name, size, ino, dev in blocks:
-                if used <= self._target and count <= MAX_BLOCKS - MAX_BLOCKS // 10:
+                if used + need <= self._target and count <= MAX_BLOCKS - MAX_BLOCKS // 10:
                     break
                 self._remove(name, ino=ino, dev=dev)
                 used -= size

@@ -28,7 +28,7 @@ from tensorfs.sources.diskcache import DiskCache
 from tensorfs.sources.location import DIRECTORY, FILE, Location
 from tensorfs.sources.source import Source, SourceError
 from tensorfs.sources.transports import transport_for
-from tensorfs.sources.transports.base import Cancel, FetchError, Transport
+from tensorfs.sources.transports.base import Cancel, FetchError, Pin, Transport
 from tensorfs.sources.urls import RemoteSettings, display_url
 
 log = logging.getLogger("tensorfs")
@@ -154,10 +154,12 @@ class RemoteSource(Source):
         self._broken_logged = False
         deadline = time.monotonic() + settings.timeout
         try:
-            self.size, self.version, head, mtime = self._retry(
-                lambda timeout: transport.probe(path, timeout), deadline)
+            pin, head, mtime = self._retry(lambda timeout: transport.probe(path, timeout),
+                                           deadline)
         except FetchError as error:
             raise _mount_error(error, path) from None
+        self.pin: Pin = pin                 # what every later answer must say again
+        self.size, self.version = pin.size, pin.version
         if not isinstance(self.size, int) or self.size < 0:
             raise ModelError("remote_error", f"the server gives no valid size ({self.size!r})",
                              file=path)
@@ -168,13 +170,17 @@ class RemoteSource(Source):
             # INFO, and again once the daemon serves (start): the daemon's log, never the
             # terminal, where the mount prints nothing but its one error line
             log.info("%s: the server gives no version (ETag) for it: a change of the file "
-                     "under the mount cannot be told; not kept in the disk cache", path)
+                     "under the mount is told only by its size and Last-Modified; not kept in "
+                     "the disk cache", path)
             if disk is not None and path not in settings.unkept:
                 settings.unkept.append(path)
         key = (path, self.version)
         block = blockcache.BLOCK_SIZE           # looked up here: bench/ varies it
         identity = transport.identity(path) if disk is not None and self.version else None
-        disk_key = disk.key(identity, self.version, block, label=path) if identity else None
+        # the size too: a server that kept the ETag of a file whose size changed (a 206 with
+        # another total) must not be served another mount's blocks of the old one
+        disk_key = disk.key(identity, f"{self.version}\0{self.size}", block,
+                            label=path) if identity else None
         cache = cache if cache is not None else settings.cache
         self.blocks = BlockReader(key, self.size, self._fetch, cache, disk, disk_key,
                                   block_size=block, fetcher=fetcher)
@@ -195,7 +201,8 @@ class RemoteSource(Source):
         self.blocks.page_cached = served_once
         if self.version is None:
             log.warning("%s: the server gives no version (ETag) for it: a change of the file "
-                        "under the mount cannot be told; not kept in the disk cache", self.path)
+                        "under the mount is told only by its size and Last-Modified; not kept "
+                        "in the disk cache", self.path)
 
     def vouch(self, offset: int = 0, size: int = 0) -> None:
         """A file whose version changed is refused at open too (its error logged once)."""
@@ -285,7 +292,7 @@ class RemoteSource(Source):
         if self.broken is not None:
             raise FetchError("version", self.broken)
         data = self._retry(lambda timeout: self.transport.fetch(self.path, start, end,
-                                                                self.version, timeout, cancel),
+                                                                self.pin, timeout, cancel),
                            deadline, cancel)
         mount_status.read_ok(self.path)             # list: serving again, if it was degraded
         return data

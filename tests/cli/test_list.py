@@ -101,3 +101,59 @@ def test_what_still_reads_is_said_for_each_kind_of_file():
     assert explained(f"/m/config.json: {renamed}", files, 4) == \
         f"/m/config.json (files/config.json): {renamed}"
     assert explained("/elsewhere: something", files, 4) == "/elsewhere: something"
+
+
+def test_a_companion_changed_or_replaced_before_its_first_read_is_named(tmp_path, mount):
+    """A companion is opened at its first read: one rewritten, or replaced by a rename, since
+    the mount reads EIO for good, and ``list`` names it (it said "serving")."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors")
+    config, tokenizer = directory / "config.json", directory / "tokenizer.json"
+    config.write_text('{"model_type": "llama"}')
+    tokenizer.write_text('{"version": "1.0"}')
+    mnt = mount(directory)
+    assert _row(mnt)["state"] == "serving"
+    config.write_text('{"model_type": "mamba", "more": 1}')       # rewritten in place
+    new = directory / "tokenizer.json.part"
+    new.write_text('{"version": "2.0"}')
+    new.rename(tokenizer)                                          # replaced by a rename
+    assert read_errno(mnt / "files" / "config.json") == errno.EIO
+    assert read_errno(mnt / "files" / "tokenizer.json") == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "source changed", row
+    for path, name in ((config, "config.json"), (tokenizer, "tokenizer.json")):
+        said = f"{path} (files/{name}) changed: replaced or rewritten since it was mounted"
+        assert said in row["reason"], row
+    assert row["reason"].count("it reads EIO, the tensors serve") == 2, row
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert (mnt / "lm_head" / "weight").read_bytes() == tensors["lm_head.weight"].tobytes()
+    assert _line(mnt).endswith("source changed: " + row["reason"])
+
+
+
+def test_a_deleted_companion_is_named(tmp_path, mount):
+    directory = tmp_path / "model"
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors")
+    config = directory / "config.json"
+    config.write_text('{"model_type": "llama"}')
+    mnt = mount(directory)
+    config.unlink()
+    assert read_errno(mnt / "files" / "config.json") == errno.EIO
+    row = _row(mnt)
+    assert row["state"] == "source changed", row
+    assert row["reason"] == (f"{config} (files/config.json) changed: deleted or renamed away "
+                             "since it was mounted; it reads EIO, the tensors serve"), row
+
+
+def test_a_directory_model_is_listed_as_the_directory_named(tmp_path, mount):
+    """docs/cli.md: SOURCE is the model as the user named it, a directory too (it showed the
+    file the directory resolved to)."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    write_safetensors(directory / "model.safetensors")
+    (directory / "config.json").write_text("{}")
+    mnt = mount(directory)
+    assert _row(mnt)["source"] == str(directory)
+    assert _line(mnt).split()[1] == str(directory)

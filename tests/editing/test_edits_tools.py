@@ -466,3 +466,46 @@ def test_a_journal_written_before_the_log_still_opens(tmp_path):
     again = EditStore(str(tmp_path / "edits"), [])
     assert list(again.state.metadata) == ["a.b", "c.d"]
     again.close()
+
+
+def _scratch_sizes(meta, names) -> int:
+    return sum((meta / n).stat().st_size for n in names if (meta / n).exists())
+
+
+def test_scratch_files_hold_their_bound_grown_by_truncate_or_by_writers_at_once(
+        tmp_path, model, mount):
+    """Files of metadata/ not yet keys hold 64 MiB at most in all (ENOSPC past it), however
+    they grow: a truncate that lengthens counts as a write (five files of 16 MiB each were
+    made: 80 MiB), and writers of several files at once cannot all pass the check before any
+    of them writes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mnt = mount(model, "--edits", tmp_path / "fixes")
+    meta = mnt / "metadata"
+    names = [f"grown{i}.tmp" for i in range(5)]
+    refused = 0
+    for name in names:
+        with open(meta / name, "wb") as f:
+            try:
+                f.truncate(16 << 20)
+            except OSError as error:
+                assert error.errno == 28, error           # ENOSPC
+                refused += 1
+    assert refused >= 1 and _scratch_sizes(meta, names) <= 64 << 20
+    for name in names:
+        os.unlink(meta / name)
+
+    writers = [f"w{i}.tmp" for i in range(8)]
+
+    def write(name):
+        piece = b"x" * (1 << 20)
+        try:
+            with open(meta / name, "wb", buffering=0) as f:
+                for _ in range(12):
+                    f.write(piece)
+        except OSError as error:
+            assert error.errno == 28, error
+
+    with ThreadPoolExecutor(len(writers)) as pool:
+        list(pool.map(write, writers))
+    assert _scratch_sizes(meta, writers) <= 64 << 20

@@ -112,6 +112,8 @@ def test_plot_without_matplotlib_is_said_before_the_model_is_read(tmp_path):
         result = run_tensorfs(*args, "--plot", tmp_path / "x.png", env=env)
         line = one_error_line(result, status)
         assert "--plot needs matplotlib" in line, line
+        # the install line that works in a checkout (the package is not published)
+        assert "pip install -e '.[plot]'" in line and "tensorfs-fuse[plot]" not in line, line
         assert result.stdout == ""          # no table: nothing was read
     assert not (tmp_path / "x.png").exists()
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -445,6 +446,112 @@ def test_two_caches_in_one_process_share_the_bound(tmp_path):
     # the newest blocks are the ones kept (eviction by age across both)
     assert second.get(other, 11, BLOCK) == _block(111)
     assert first.get(KEY, 0, BLOCK) is None
+
+
+
+def test_blocks_being_written_count_toward_the_bound_at_every_moment(tmp_path, monkeypatch):
+    """Three mounts' caches on one DIR, eight blocks written at once: DIR holds at most SIZE
+    while they are written, not only once they are in place.  (A block's temporary file was
+    written before the lock and the ledger counted it: DIR held every block in flight on top
+    of a full ledger, 8.4 MB in a 6M DIR under test_remote_cache_shared.)  Each writer is
+    held once its bytes are written, until all have written or a second has passed: the
+    moment DIR holds the most."""
+    from tensorfs.sources import diskcache
+
+    directory = tmp_path / "cache"
+    size = 4 * BLOCK + 8192
+    caches = [DiskCache(str(directory), size) for _ in range(3)]
+    writers = 8
+    held = threading.Barrier(writers)
+    seen: list[int] = []
+    write_all = diskcache._write_all
+
+    def written_then_held(fd, head, data):
+        write_all(fd, head, data)
+        seen.append(_cache_bytes(directory))
+        try:
+            held.wait(timeout=1.0)
+        except threading.BrokenBarrierError:
+            pass
+        seen.append(_cache_bytes(directory))
+
+    monkeypatch.setattr(diskcache, "_write_all", written_then_held)
+    threads = [threading.Thread(target=caches[k % 3].put, args=(KEY, k, _block(k)))
+               for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen and max(seen) <= size, (max(seen), size)
+    assert not [p for p in (directory / ROOT).iterdir() if p.name.endswith(".tmp")]
+    kept = _blocks(directory)
+    assert kept and all(caches[0].get(KEY, int(p.name.rsplit(".", 1)[1]), BLOCK) ==
+                        _block(int(p.name.rsplit(".", 1)[1])) for p in kept)
+    assert 0 < _cache_bytes(directory) <= size
+    assert caches[0].usage()[0] == caches[1]._read_ledger()[0]      # the ledger is exact
+
+
+
+BUSY_WRITER = textwrap.dedent("""
+    import sys, threading
+    sys.path.insert(0, sys.argv[1])
+    from tensorfs.sources.diskcache import DiskCache
+    directory, size, name, block = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+    key = DiskCache.object_key("http://127.0.0.1:1/" + name, "v", block)
+    cache = DiskCache(directory, size)
+    def run(t):
+        for i in range(12):
+            cache.put(key, t * 100 + i, bytes([i]) * block)
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("done")
+""")
+
+
+def _bytes_at_one_moment(directory: Path) -> int:
+    """DIR's bytes at one moment, each file once: the files listed that are still the same
+    files once all are listed (a listing made while others link and evict may name a file
+    removed before another was made; a block being linked has two names)."""
+    seen = {}
+    for f in directory.rglob("*"):
+        try:
+            st = f.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            seen[f] = (st.st_dev, st.st_ino)
+    sizes = {}
+    for f, inode in seen.items():
+        try:
+            st = f.lstat()
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) == inode:
+            sizes[inode] = st.st_size
+    return sum(sizes.values())
+
+
+def test_busy_writers_of_big_blocks_never_pass_the_bound(tmp_path):
+    """Three processes of three threads put 4 MiB blocks into a 6M DIR (room for one block)
+    while DIR is measured: it never holds more than SIZE.  Two windows held two blocks at
+    once: temporary files written outside the ledger, then a temporary file made at full size
+    before its room was known and removed for want of it."""
+    directory = tmp_path / "cache"
+    size, block = 6 << 20, 4 << 20
+    writers = [subprocess.Popen([sys.executable, "-c", BUSY_WRITER, str(REPO), str(directory),
+                                 str(size), f"m{k}", str(block)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for k in range(3)]
+    peak = 0
+    while any(w.poll() is None for w in writers):
+        peak = max(peak, _bytes_at_one_moment(directory))
+    for w in writers:
+        out, err = w.communicate(timeout=120)
+        assert w.returncode == 0 and out.strip() == "done" and err == "", err
+    assert 0 < peak <= size, peak
 
 
 def _start_ticks(pid: int) -> int:

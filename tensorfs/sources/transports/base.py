@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from concurrent.futures import Future
+from typing import NamedTuple
 
 from tensorfs.errors import ModelError
 from tensorfs.sources.urls import display_url
@@ -95,6 +96,48 @@ def status_error(status: int, hint_401: str = "") -> FetchError:
                           "mount (HTTP 412)", status=status)
     return FetchError("http", f"HTTP {status}", status=status,
                       transient=status >= 500 or status in (408, 429))
+
+
+class Pin(NamedTuple):
+    """What the first answer for a file said of it (``Transport.probe``), which every later
+    answer must say again: a file that changed under the mount is never served as the one
+    mounted.  ``size``: its length (a ranged answer's Content-Range total); ``version``: what
+    pins its bytes, the disk cache's key (an ETag, an object's version id, the Hub's commit,
+    a filesystem's own mark), or None; ``etag``: the ETag every answer must carry again;
+    ``modified``: its Last-Modified time (seconds), where the server gives one that holds
+    for the file (not a CDN's)."""
+
+    size: int
+    version: str | None
+    etag: str | None = None
+    modified: float | None = None
+
+
+def check_answer(pin: Pin, *, size: int | None = None, etag: str | None = None,
+                 modified: float | None = None, version: str | None = None) -> None:
+    """Raise FetchError "version" (the file changed: it fails for good) where one of an
+    answer's validators differs from what the first answer said: ``size`` (the total its
+    Content-Range names, or the filesystem's size), ``etag`` (checked where one was pinned:
+    an answer without one differs), ``modified`` and ``version`` (each where both sides
+    give one)."""
+    if size is not None and size != pin.size:
+        raise FetchError("version", f"the file changed: it is {size} bytes now, {pin.size} "
+                         "at mount (the answer's Content-Range)")
+    if pin.etag is not None and etag != pin.etag:
+        raise FetchError("version", f"the file changed: ETag {etag} is not {pin.etag}, the one "
+                         "pinned at mount")
+    if pin.modified is not None and modified is not None and modified != pin.modified:
+        raise FetchError("version", "the file changed: its Last-Modified is "
+                         f"{_when(modified)} now, {_when(pin.modified)} at mount")
+    if pin.version is not None and version is not None and version != pin.version:
+        raise FetchError("version", f"the file changed: version {version} is not "
+                         f"{pin.version}, the one pinned at mount")
+
+
+def _when(seconds: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def exact(data, start: int, end: int):
@@ -188,13 +231,15 @@ class Transport:
         may hold a secret (a signed query): hashed, never shown.  None: not kept on disk."""
         return None
 
-    def probe(self, path: str, timeout: float) -> tuple[int, str | None, bytes, float | None]:
-        """(size, version, first bytes, mtime) of a file, in one request where possible."""
+    def probe(self, path: str, timeout: float) -> tuple[Pin, bytes, float | None]:
+        """(what pins the file, its first bytes, its mtime) in one request where possible."""
         raise NotImplementedError
 
-    def fetch(self, path: str, start: int, end: int, version: str | None, timeout: float,
+    def fetch(self, path: str, start: int, end: int, pin: Pin, timeout: float,
               cancel: Cancel | None = None):
-        """Exactly the bytes ``[start, end)`` of ``path`` at ``version``: ``bytes`` or the
+        """Exactly the bytes ``[start, end)`` of ``path`` as ``pin`` says it is (each
+        answer's validators checked: ``check_answer``; a change is FetchError "version"):
+        ``bytes`` or the
         library's own buffer (anything with the buffer protocol), never copied again here.
         ``cancel``: ends the request in flight where the transport can (FetchError
         "cancelled") once no one waits for it any more; the caller

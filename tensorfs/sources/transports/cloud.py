@@ -8,7 +8,9 @@
   ones (``key``, ``secret``, ``token``, ``endpoint_url``, ``anon``, ``client_kwargs``'s
   ``region_name``/``endpoint_url``).  Plain http only to an ``http://`` endpoint.
 - Pinning: the first answer's version id (a versioned bucket) or else its ETag; every read
-  names the version id and sends ``If-Match`` with the ETag.  ``s3://B/K?versionId=V``
+  names the version id and sends ``If-Match`` with the ETag, and every answer's ETag,
+  version id, Last-Modified and Content-Range total must be the first answer's
+  (``base.check_answer``).  ``s3://B/K?versionId=V``
   mounts version V.
 - A directory is a prefix: listed with a delimiter.
 """
@@ -20,13 +22,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tensorfs.errors import ModelError
 from tensorfs.sources.location import DIRECTORY, FILE
-from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Transport
+from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Pin, Transport
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
+    check_meta,
     client_options,
     get_exact,
     head,
     listing,
+    modified_of,
     obstore,
     serve_here,
     store_problem,
@@ -73,7 +77,6 @@ class CloudTransport(Transport):
                                  "s3://BUCKET/KEY?versionId=VERSION", file=shown)
             self._pinned[shown] = versions[0]
         self._versions: dict[str, str | None] = {}
-        self._etags: dict[str, str | None] = {}
         self._stores: dict[str, tuple] = {}
         self.config, self.allow_http = self._config(dict(self.settings.storage_options))
 
@@ -149,25 +152,22 @@ class CloudTransport(Transport):
             if meta["size"] != 0:
                 raise
             body = b""
-        version_id = meta.get("version") or pinned
-        self._versions[path] = version_id if version_id not in (None, "", "null") else None
-        self._etags[path] = meta.get("e_tag")
-        version = self._versions[path] or self._etags[path]
+        version_id = _version_id(meta.get("version") or pinned)
+        self._versions[path] = version_id
+        etag = meta.get("e_tag")
         modified = meta.get("last_modified")
-        return (meta["size"], version, body,
-                modified.timestamp() if modified is not None else None)
+        pin = Pin(meta["size"], version_id or etag, etag=etag, modified=modified_of(meta))
+        return pin, body, modified.timestamp() if modified is not None else None
 
-    def fetch(self, path, start, end, version, timeout, cancel=None):
+    def fetch(self, path, start, end, pin, timeout, cancel=None):
         if end <= start:
             return b""
         bucket, key = self._bucket_key(path)
-        etag = self._etags.get(path)
+        version_id = self._versions.get(path)
         body, meta = get_exact(self._store(bucket), key, start, end, timeout=timeout,
-                               if_match=etag, version=self._versions.get(path),
+                               if_match=pin.etag, version=version_id,
                                where=self._where(), cancel=cancel)
-        if etag and meta.get("e_tag") not in (None, etag):
-            raise FetchError("version", f"the object changed: ETag {meta.get('e_tag')} is not "
-                             f"{etag}, the one pinned at mount")
+        check_meta(pin, meta, version=_version_id(meta.get("version")) if version_id else None)
         return body
 
     def kind(self, path):
@@ -206,3 +206,8 @@ class CloudTransport(Transport):
             if name and type(size) is int and size >= 0:
                 sizes[name] = size
         return sizes
+
+
+def _version_id(value) -> str | None:
+    """An object's version id, or None (an unversioned bucket's "null")."""
+    return value if isinstance(value, str) and value not in ("", "null") else None

@@ -4,7 +4,9 @@ called (fsspec#1707: on some filesystems they download the whole file).  Every c
 waited for at most ``--timeout`` (``tensorfs.sources.transports.base.bounded``); what the filesystem
 raises is classified by the builtin kind it is (fsspec raises ``FileNotFoundError``,
 ``PermissionError`` ...); an answer longer than the range asked for is refused, as on every
-transport (how much such a filesystem receives before it returns is its own affair)."""
+transport (how much such a filesystem receives before it returns is its own affair).  Each
+read is followed by the file's ``info``, whose size and version must be the ones of the
+mount (``base.check_answer``): a ranged read names neither."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import (
     PROBE_BYTES,
     FetchError,
+    Pin,
     Transport,
     bounded,
+    check_answer,
     exact,
     missing_extra,
 )
@@ -69,16 +73,24 @@ class FsspecTransport(Transport):
         size = info.get("size")
         if not isinstance(size, int) or size < 0:
             raise FetchError("http", f"the filesystem gives no valid size ({size!r})")
-        version = _version_of(info)
-        first = self.fetch(path, 0, min(size, PROBE_BYTES), version,
+        pin = Pin(size, _version_of(info))
+        first = self.fetch(path, 0, min(size, PROBE_BYTES), pin,
                            max(0.1, deadline - time.monotonic())) if size else b""
-        return size, version, first, _mtime_of(info)
+        return pin, first, _mtime_of(info)
 
-    def fetch(self, path, start, end, version, timeout, cancel=None):
+    def fetch(self, path, start, end, pin, timeout, cancel=None):
+        """The bytes, then the file's ``info`` again: a ranged ``cat_file`` says nothing of
+        the file it read, so the size and version seen after it are the ones it read from
+        (a change before or during the read shows in them)."""
         if end <= start:
             return b""
-        return exact(self._call(self.fs.cat_file, self._path(path), start=start, end=end,
-                                timeout=timeout), start, end)
+        deadline = time.monotonic() + timeout
+        data = self._call(self.fs.cat_file, self._path(path), start=start, end=end,
+                          timeout=timeout)
+        info = self._info(path, max(0.1, deadline - time.monotonic()))
+        size = info.get("size")
+        check_answer(pin, size=size if type(size) is int else None, version=_version_of(info))
+        return exact(data, start, end)
 
     def kind(self, path):
         try:

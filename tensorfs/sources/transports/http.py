@@ -13,7 +13,8 @@ query only with the URL named (a pre-signed URL's signature), never with its sib
   SSL_CERT_DIR's, and ``root_certificate``'s (``tensorfs.sources.transports.objects``, TLS trust).
 - An ``https://`` URL is read over https only: a redirect to ``http://`` is refused.
 - Pinning: the ETag of the first answer, sent as ``If-Match`` on every later read (a strong
-  one) and compared with every answer's.
+  one); every answer's ETag, Last-Modified and Content-Range total must be the first
+  answer's (``base.check_answer``), with or without an ETag.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import os
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Transport
+from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Pin, Transport
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
+    check_meta,
     client_options,
     get_exact,
     head,
+    modified_of,
     obstore,
     serve_here,
     store_problem,
@@ -43,7 +46,7 @@ log = logging.getLogger("tensorfs")
 
 
 class HttpTransport(Transport):
-    etag_checked = True
+    etag_checked = True             # the ETag and Last-Modified are the file's (not a CDN's)
     listable = False                # no listing: a path is asked by opening it
     hint_401 = ""
 
@@ -126,20 +129,20 @@ class HttpTransport(Transport):
                 raise
             body = b""
         modified = meta.get("last_modified")
-        return (meta["size"], meta.get("e_tag"), body,
-                modified.timestamp() if modified is not None else None)
+        etag = meta.get("e_tag")
+        pin = Pin(meta["size"], etag, etag=etag if self.etag_checked else None,
+                  modified=modified_of(meta) if self.etag_checked else None)
+        return pin, body, modified.timestamp() if modified is not None else None
 
-    def fetch(self, path, start, end, version, timeout, cancel=None):
+    def fetch(self, path, start, end, pin, timeout, cancel=None):
         if end <= start:
             return b""
-        etag = version if self.etag_checked else None
+        etag = pin.etag
         store, relative = self._store(path)
         body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
                                hint_401=self.hint_401, where=self._where(path), cancel=cancel)
-        if etag and meta.get("e_tag") != etag:
-            raise FetchError("version", f"the file changed: ETag {meta.get('e_tag')} is not "
-                             f"{etag}, the one pinned at mount")
+        check_meta(pin, meta)
         return body
 
     def kind(self, path):

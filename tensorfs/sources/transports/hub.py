@@ -247,8 +247,8 @@ class HubTransport(HttpTransport):
         return sha
 
     def probe(self, path, timeout):
-        size, _, first, mtime = super().probe(path, timeout)
-        return size, self.commit, first, mtime
+        pin, first, mtime = super().probe(path, timeout)
+        return pin._replace(version=self.commit), first, mtime      # its size checked still
 
     def _in_repo(self, path: str) -> str:
         if path == self.root:

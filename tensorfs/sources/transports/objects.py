@@ -37,7 +37,14 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from tensorfs.sources.transports.base import FetchError, exact, missing_extra, status_error
+from tensorfs.sources.transports.base import (
+    FetchError,
+    Pin,
+    check_answer,
+    exact,
+    missing_extra,
+    status_error,
+)
 
 
 def obstore(url: str):
@@ -396,6 +403,23 @@ async def _get_cancellable(spec, path, start, end, options, probe):
         return exact(body, start, start + want), result.meta
     finally:
         result = stream = None          # a cancelled task's frame is kept: let go of them
+
+
+def modified_of(meta: dict) -> float | None:
+    """An answer's Last-Modified in seconds, or None where the server sent none (obstore
+    puts the epoch there then)."""
+    value = meta.get("last_modified")
+    seconds = value.timestamp() if value is not None else 0.0
+    return seconds or None
+
+
+def check_meta(pin: Pin, meta: dict, version: str | None = None) -> None:
+    """``check_answer`` for one of obstore's answers: its Content-Range total (obstore's
+    ``size`` of a ranged answer), ETag and Last-Modified; ``version``: the object version
+    the answer names, where the store has them."""
+    size = meta.get("size")
+    check_answer(pin, size=size if type(size) is int else None, etag=meta.get("e_tag"),
+                 modified=modified_of(meta), version=version)
 
 
 def _range_checked(result, start: int, end: int, probe: bool) -> int:
