@@ -148,7 +148,7 @@ def test_a_deleted_companion_is_named(tmp_path, mount):
 
 
 def test_a_directory_model_is_listed_as_the_directory_named(tmp_path, mount):
-    """docs/cli.md: SOURCE is the model as the user named it, a directory too (it showed the
+    """docs/reference/cli.md: SOURCE is the model as the user named it, a directory too (it showed the
     file the directory resolved to)."""
     directory = tmp_path / "model"
     directory.mkdir()

@@ -57,7 +57,7 @@ def test_no_spelling_of_a_secret_is_shown(nginx, rmount, tmp_path, case, argv):
         for secret in (TOKEN, PASSWORD, API_KEY):
             assert secret not in text, (where, text)
     row = json.loads(places["list --json"])
-    # as named, without credentials; a query shown as "?…" (docs/cli.md "list")
+    # as named, without credentials; a query shown as "?…" (docs/reference/cli.md "list")
     shown = f"{nginx.url}/{MODEL}" + ("?…" if "?" in args[0] else "")
     assert any(r["source"] == shown for r in row), row
 
