@@ -371,7 +371,9 @@ class Editor:
         for original, name, nodes in moving:
             self._place_tensor(original, name, nodes)
 
-    def _place_tensor(self, original: str, name: str, nodes) -> None:
+    def _place_tensor(self, original: str, name: str, nodes, placed: list | None = None) -> None:
+        """A tensor's files at the paths of ``name``; each placed is added to ``placed``
+        (directory, leaf), for a rename to undo them."""
         path = tensor_paths([name], self.layout)[name]
         for node in nodes:
             target = path.raw if self._is_raw(node) else path.npy
@@ -380,6 +382,8 @@ class Editor:
             if leaf in parent.children:
                 raise EditRefused(errno.EEXIST, f"{target}: exists already")
             parent.children[leaf] = node
+            if placed is not None:
+                placed.append((parent, leaf))
             self._tensor_of[node.ino] = original
             self._touch(parent)
 
@@ -594,6 +598,9 @@ class Editor:
         key = _unescape(scratch.name)
         typed = self.session.parsed(key, scratch.type_name or "string",
                                     bytes(scratch.view.data), "the key is not made")
+        shown = self.meta_dir.children.setdefault(scratch.name, handle.node)
+        if shown is not handle.node:        # hidden by a close refused, and taken since
+            raise EditRefused(errno.EEXIST, f"metadata/{scratch.name}: made meanwhile")
         self._shown(self.session.set_key(key, typed))
         self._become_key(handle.node, key, typed)
         handle.key, handle.buf, handle.created = key, bytearray(handle.buf), False
@@ -650,22 +657,46 @@ class Editor:
             if self._writers.get(handle.node.ino) is handle:
                 del self._writers[handle.node.ino]
             try:
-                if handle.dirty and not handle.reported:
+                if handle.dirty and not handle.reported and handle.refusal is None:
                     handle.flush()
             except OSError as error:
                 log.warning("edit refused at the last close: %s", error.strerror or error)
             finally:
                 with handle.lock:
-                    handle._drop()
+                    handle.discard()
             scratch = self._scratch.get(handle.node.ino)
             if scratch is not None and scratch.handle is handle:
                 scratch.handle = None
-                if is_key_name(scratch.name, self.format):
-                    # a new key never closed with a value it reads as: not made
-                    del self._scratch[handle.node.ino]
-                    if self.meta_dir.children.get(scratch.name) is handle.node:
-                        del self.meta_dir.children[scratch.name]
-                    self._touch(self.meta_dir)
+                self._unmade(scratch)
+
+    def refused(self, handle: WriteHandle, closing: bool) -> None:
+        """A write or (``closing``) a close of ``handle`` refused: the kernel drops what it
+        holds of the file.  A close refused ends the write session for every other open (its
+        FUSE_RELEASE may come late: an open meanwhile reads, or writes anew, the file as it
+        is kept; the session's own opens go on with their bytes), and a new key whose text
+        it refused is not shown (unless a later close of the session makes it)."""
+        self._touch(handle.node)
+        if not closing:
+            return
+        if self._writers.get(handle.node.ino) is handle:
+            del self._writers[handle.node.ino]
+        scratch = self._scratch.get(handle.node.ino)
+        if scratch is not None and scratch.handle is handle \
+                and is_key_name(scratch.name, self.format) \
+                and self.meta_dir.children.get(scratch.name) is handle.node:
+            del self.meta_dir.children[scratch.name]     # until a close makes it a key
+            self._touch(self.meta_dir)
+
+    def _unmade(self, scratch: Scratch) -> None:
+        """A scratch file under a key name that was never closed with a value it reads as:
+        not made (gone from metadata/)."""
+        if not is_key_name(scratch.name, self.format):
+            return
+        node = scratch.node
+        self._scratch.pop(node.ino, None)
+        if self.meta_dir.children.get(scratch.name) is node:
+            del self.meta_dir.children[scratch.name]
+        self._touch(self.meta_dir, node)
 
     # -- removing and renaming ---------------------------------------------------------------
     def ghost(self, parent, name: str):
@@ -871,13 +902,17 @@ class Editor:
                 if child is n:
                     del parent.children[leaf_name]
                     removed.append((leaf_name, n))
+        placed: list = []
         try:
-            self._place_tensor(original, new_tensor, nodes)
-        except EditRefused:
+            self._place_tensor(original, new_tensor, nodes, placed)
+            committed = self.session.commit(state)      # refused (the disk full): undone
+        except OSError:
+            for where, leaf_name in placed:
+                del where.children[leaf_name]
             for leaf_name, n in removed:
                 parent.children[leaf_name] = n
             raise
-        self._shown(self.session.commit(state))
+        self._shown(committed)
 
 
 class ComposedView(View):
