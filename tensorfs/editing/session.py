@@ -305,8 +305,14 @@ class EditSession:
                               f"tensor holds {t.nbytes} (it keeps its bytes)")
         name = self._named_now(original)
         data_name = pending.keep()
+        try:
+            committed = self.commit(self.state.with_tensor(original, TensorEdit(name, data_name)))
+        except BaseException:
+            self.store.forget_data(data_name)
+            pending.unkeep()                # still the session's: a later close tries again
+            raise
         pending.drop()
-        return self._replace(original, name, data_name)
+        return committed, data_name
 
     def replace_npy(self, original: str, npy: bytes) -> tuple[Committed, str]:
         """A tensor's bytes replaced by the array of a ``numpy.save`` file, stored in the

@@ -255,6 +255,7 @@ class PendingData:
     def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
         self._dir_fd, self.fd, self.name = dir_fd, fd, name
         self._tmp: str | None = tmp
+        self._kept_from: str | None = None
         self.size = 0
 
     def pwrite(self, offset: int, data) -> int:
@@ -275,18 +276,37 @@ class PendingData:
         self.size = size
 
     def keep(self) -> str:
-        """Fsynced and renamed into place: the name of its file."""
+        """Fsynced and renamed into place: the name of its file (``unkeep`` takes it back
+        where the edit is then not kept)."""
         os.fsync(self.fd)
         os.rename(self._tmp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         _fsync_dir(self._dir_fd)
-        self._tmp = None
+        self._kept_from, self._tmp = self._tmp, None
         return self.name
 
-    def drop(self) -> None:
+    def unkeep(self) -> None:
+        """Back to a temporary file (its edit refused: the disk full), still written."""
+        tmp = self._kept_from
+        if tmp is None:
+            return
         try:
-            os.close(self.fd)
+            os.rename(self.name, tmp, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            self._tmp = tmp
         except OSError:
-            pass
+            try:
+                os.unlink(self.name, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+        self._kept_from = None
+        _fsync_dir(self._dir_fd)
+
+    def drop(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
         if self._tmp is not None:
             try:
                 os.unlink(self._tmp, dir_fd=self._dir_fd)
@@ -474,6 +494,12 @@ class EditStore:
             except OSError:
                 pass
             _fsync_dir(self._fd)
+
+    def forget_data(self, name: str) -> None:
+        """A file of new bytes opened for an edit that was then not kept: not held open."""
+        with self._lock:
+            if not any(e.data == name for e in self.state.tensors.values()):
+                self._data.pop(name, None)
 
     def new_data(self) -> PendingData:
         """A replacement being written (a tensor's raw file open for writing): kept by
