@@ -15,8 +15,11 @@ holds a marker file; nothing outside it is ever listed, opened or removed.  In `
   the old journal or the new one.
 - ``edits-*.log``, the log the journal names: one line of JSON per edit since the journal
   was written (what the edit set and unset), appended and fsynced, so that an edit costs
-  in proportion to the edit, not to the edits before it.  A last line cut short (a daemon
-  killed while writing it: the edit was never answered) is dropped at the next mount.
+  in proportion to the edit, not to the edits before it.  A line that fails part-way (the
+  disk full) is cut off again before the edit is refused, so a line is there whole or not
+  at all.  A last line cut short all the same (a daemon killed while writing it: the edit
+  was never answered) is dropped at the next mount, and so are the beginnings of lines
+  that an earlier version left before the next line (``_after_fragments``).
 - ``data-*.bin``: a tensor's replacement bytes, one file per replacement, written the same
   way before the journal names it.  A file the journal does not name (a replacement
   superseded, or written by a daemon killed before its journal) is removed when the store
@@ -179,6 +182,33 @@ def _no_duplicates(pairs) -> dict:
             raise ValueError(f"{key!r} appears twice")
         out[key] = value
     return out
+
+
+_LINE_START = b'{"unset":'
+
+
+def _after_fragments(line: bytes) -> dict | None:
+    """The whole log line at the end of ``line``, where ``line`` is the beginnings of lines
+    never answered, then that line: what a disk that filled in the middle of an append left
+    before the append was made whole or nothing (the next edit was appended after the
+    beginning).  Each line starts ``{"unset":``; nowhere else does that text stand outside
+    a string but where a metadata key is named "unset", and that never parses to the end.
+    None where ``line`` is not of that shape."""
+    at = len(line)
+    while True:
+        at = line.rfind(_LINE_START, 1, at)
+        if at < 0:
+            return None
+        first = line[:at]                   # the first beginning: up to the next "{"
+        brace = first.find(b"{", 1)
+        first = first if brace < 0 else first[:brace]
+        if not (first.startswith(_LINE_START) or _LINE_START.startswith(first)):
+            return None
+        try:
+            delta = json.loads(line[at:], object_pairs_hook=_no_duplicates)
+        except (ValueError, RecursionError):
+            continue
+        return delta if isinstance(delta, dict) else None
 
 
 def source_identity(model, sources) -> list[dict]:
@@ -446,7 +476,13 @@ class EditStore:
                                           f"be cut off: {error}") from None
         for number, line in enumerate(lines[:-1], 1):
             try:
-                delta = json.loads(line, object_pairs_hook=_no_duplicates)
+                try:
+                    delta = json.loads(line, object_pairs_hook=_no_duplicates)
+                except ValueError:
+                    delta = _after_fragments(line)
+                    if delta is None:
+                        raise
+                    self._log_torn = True       # the next edit writes the journal whole
                 state = state.apply(_object(delta, "line"))
             except (ValueError, TypeError, RecursionError) as error:
                 raise _refused(self.root, f"its {log} cannot be read: line {number}: "

@@ -63,6 +63,7 @@ def _replacements(is_root: bool):
     return out
 
 
+@pytest.mark.slow
 def test_every_file_of_dir_that_is_not_a_regular_file_of_the_users_is_refused(tmp_path, model,
                                                                               mount):
     edits = _edited_dir(tmp_path, model, mount)
@@ -124,3 +125,39 @@ def test_a_mount_refused_for_another_models_dir_leaves_it_untouched(tmp_path, mo
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in root.iterdir()}
     assert after == before
     shutil.rmtree(target)
+
+
+@pytest.mark.slow
+def test_a_log_line_after_the_beginning_of_one_never_answered_is_read(tmp_path, model, mount):
+    """A disk that filled in the middle of an append (before appends were made whole or
+    nothing) left the beginning of a line, and the next edit was appended after it: the
+    mount reads the answered line and drops the beginning, and the next edit writes the
+    journal whole, a new log without it (issue 43 class 1)."""
+    edits = _edited_dir(tmp_path, model, mount)
+    root = edits / ROOT
+    log = next(root.glob("edits-*.log"))
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert lines and all(line.startswith(b'{"unset":') for line in lines)
+    last = lines[-1]
+    for cut in (5, len(last) // 2, len(last) - 2):
+        log.write_bytes(b"".join(lines[:-1]) + last[:cut] + last[:cut + 1] + last)
+        mnt = mount(model, "--edits", edits)
+        assert (mnt / "metadata" / "general.name").read_text() == "smaller\n", cut
+        assert np.array_equal(np.load(mnt / "output_norm" / "weight.npy"), np.ones(8, np.float32))
+        (mnt / "metadata" / "general.name").write_text(f"cut {cut}\n")
+        assert run_tensorfs("unmount", mnt).returncode == 0
+        for kept in root.glob("edits-*.log"):   # the journal written whole: no beginning left
+            assert all(line.startswith(b'{"unset":') for line in kept.read_bytes().splitlines())
+        mnt = mount(model, "--edits", edits)
+        assert (mnt / "metadata" / "general.name").read_text() == f"cut {cut}\n"
+        (mnt / "metadata" / "general.name").write_text("smaller\n")
+        assert run_tensorfs("unmount", mnt).returncode == 0
+        log = next(root.glob("edits-*.log"))
+        lines = log.read_bytes().splitlines(keepends=True)
+        last = lines[-1]
+    # anything else on a line is still refused in one line
+    log.write_bytes(b"".join(lines[:-1]) + b"garbage" + last)
+    target = tmp_path / "refused"
+    target.mkdir()
+    result, mounted = mount_expecting_refusal(model, target, "--edits", edits)
+    assert (result.returncode, mounted) == (1, False) and "cannot be read" in result.stderr
