@@ -182,3 +182,21 @@ def test_a_full_disk_refuses_the_edit_and_leaves_dir_loadable(tmp_path, small_di
 def _supersedes(kind: str) -> bool:
     """Whether a step's edit replaces the one before it (its check then no longer holds)."""
     return kind in ("echo", "write", "sed", "npy", "mv")
+
+
+def test_a_fresh_dir_on_a_full_disk_is_refused_in_one_line_and_mounts_later(tmp_path, small_disk,
+                                                                            model, mount):
+    from tests.support import mount_expecting_refusal
+
+    edits = small_disk / "fixes"
+    filler = _fill(small_disk)
+    target = tmp_path / "refused"
+    target.mkdir()
+    result, mounted = mount_expecting_refusal(model, target, "--edits", edits)
+    assert (result.returncode, mounted) == (1, False), result.stderr
+    assert result.stderr.count("\n") == 1 and "No space left on device" in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    filler.unlink()
+    mnt = mount(model, "--edits", edits)
+    (mnt / "metadata" / "general.name").write_text("later\n")
+    assert (mnt / "metadata" / "general.name").read_text() == "later\n"
