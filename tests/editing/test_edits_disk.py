@@ -200,3 +200,23 @@ def test_a_fresh_dir_on_a_full_disk_is_refused_in_one_line_and_mounts_later(tmp_
     mnt = mount(model, "--edits", edits)
     (mnt / "metadata" / "general.name").write_text("later\n")
     assert (mnt / "metadata" / "general.name").read_text() == "later\n"
+
+
+def test_the_owner_record_rewritten_on_a_full_disk_is_the_old_one_or_the_new_one(small_disk):
+    """The owner record is rewritten in place (its file holds the lock): a rewrite that the
+    disk cuts short puts the old record back."""
+    from tensorfs.editing.store import ROOT, EditStore
+    from tensorfs.runtime import claims
+
+    store = EditStore(str(small_disk / "fixes"), [])
+    try:
+        owner = small_disk / "fixes" / ROOT / "owner"
+        claims.serving("/short")
+        old = owner.read_bytes()
+        assert b'"/short"' in old
+        _fill(small_disk)
+        claims.serving("/" + "long" * 2000)     # past the page the record holds: ENOSPC
+        assert owner.read_bytes() == old
+    finally:
+        store.close()
+        claims._mountpoint = None
