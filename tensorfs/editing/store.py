@@ -419,12 +419,13 @@ class EditStore:
         except OSError as error:
             raise _refused(self.root, f"its {name} cannot be opened: {error.strerror}") from None
         try:
-            parts = []
-            while True:
-                part = os.read(fd, limit + 1)
+            parts, total = [], 0
+            while total <= limit:
+                part = os.read(fd, limit + 1 - total)
                 if not part:
                     break
                 parts.append(part)
+                total += len(part)
             return b"".join(parts)
         except OSError as error:
             raise _refused(self.root, f"its {name} cannot be read: {error.strerror}") from None
@@ -608,11 +609,7 @@ class EditStore:
             except NotOwnFile as why:
                 raise OSError(errno.EIO, f"its {why}") from None
             if created:
-                try:
-                    os.fsync(self._fd)
-                except OSError:
-                    self._forget_log(log, created)
-                    raise
+                _fsync_dir(self._fd)
         fd = self._log_fd
         view, at = memoryview(line), self._log_size
         try:

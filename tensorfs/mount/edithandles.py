@@ -211,33 +211,44 @@ class WriteHandle(OpenFile):
         end = offset + len(data)
         if end > self.limit:
             raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {self.limit} bytes)")
-        with self.owner.editing(), self.lock:
+        with self.lock:
             mark = self._mark()
             try:
                 self._write(offset, data)
             except OSError as error:
                 self._undo(mark)
                 self.refusal, self.dirty = error, True
-                self.owner.refused(self, False)
-                raise
-            self.dirty, self.reported = True, False
-        return len(data)
+                refused = error
+            else:
+                self.dirty, self.reported = True, False
+                return len(data)
+        self._said_refused()
+        raise refused
 
     def truncate(self, size: int) -> None:
         if size > self.limit:
             raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
-        with self.owner.editing(), self.lock:
+        with self.lock:
             mark = self._mark()
             try:
                 self._truncate(size)
             except OSError as error:
                 self._undo(mark)
                 self.refusal, self.dirty = error, True
-                self.owner.refused(self, False)
-                raise
-            if size == 0:
-                self.refusal = None             # a new start
-            self.dirty, self.reported = True, False
+                refused = error
+            else:
+                if size == 0:
+                    self.refusal = None             # a new start
+                self.dirty, self.reported = True, False
+                return
+        self._said_refused()
+        raise refused
+
+    def _said_refused(self) -> None:
+        """A write refused: the kernel drops what it holds of the file (the editor's lock
+        is not held while writing: a tensor's first write copies its bytes)."""
+        with self.owner.editing():
+            self.owner.refused(self, False)
 
     def flush(self) -> None:
         if not self.dirty:
@@ -279,15 +290,10 @@ class _BufferedWrite(WriteHandle):
         self.buf = bytearray()
         self.unread = True
 
-    def _mark(self) -> object:
-        return None if self.unread else bytes(self.buf)
-
     def _undo(self, state: object) -> None:
-        if state is None:
-            self.discard()
-        else:
-            assert isinstance(state, bytes)
-            self.buf[:] = state                 # in place: a scratch file's bytes are its
+        # only a metadata file's write is refused once it changed the bytes (its scalar's
+        # text): nothing to undo here (``MetadataWrite._mark``)
+        pass
 
     def _read_now(self, upto: int | None = None) -> None:
         if self.unread:
@@ -319,6 +325,9 @@ class _BufferedWrite(WriteHandle):
             return len(part)
 
 
+_UNREAD = object()          # a write session's bytes not read yet (``MetadataWrite._mark``)
+
+
 class MetadataWrite(_BufferedWrite):
     """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
     ``key`` None: a scratch file of metadata/ (``Editor._scratch_handle``: its ``buf`` is
@@ -339,8 +348,7 @@ class MetadataWrite(_BufferedWrite):
             raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
                               f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
         super()._write(offset, data)
-        if self.type_name != "string" and not self.type_name.startswith("array") \
-                and self.buf.endswith(b"\n"):
+        if self._scalar() and self.buf.endswith(b"\n"):
             # a scalar's one line is complete: text that does not read fails the write
             # itself, which the shell reports (`echo two > KEY`: it ignores close)
             try:
@@ -353,6 +361,22 @@ class MetadataWrite(_BufferedWrite):
     def discard(self) -> None:
         if self.key is not None:        # a scratch file's bytes are the file's, kept
             super().discard()
+
+    def _scalar(self) -> bool:
+        return self.type_name != "string" and not self.type_name.startswith("array")
+
+    def _mark(self) -> object:
+        # a scalar's text, refused once its line is complete: kept to be put back (it is
+        # short); any other text is never refused after it changed
+        if not self._scalar():
+            return None
+        return _UNREAD if self.unread else bytes(self.buf)
+
+    def _undo(self, state: object) -> None:
+        if state is _UNREAD:
+            self.discard()
+        elif isinstance(state, bytes):
+            self.buf[:] = state                 # in place: a scratch file's bytes are its
 
     def _keep(self) -> None:
         self.owner.keep_metadata(self)
