@@ -166,9 +166,11 @@ class WriteHandle(OpenFile):
     leaves the bytes as they were before it (``_undo``), and every later close of the
     session fails with it (``refusal``) until the file is truncated to nothing (a new
     start).  A close refused (``flush``: the edit not kept) leaves the bytes to this
-    session's opens (a later close tries them again: ``sh`` closes a ``dup`` before it
-    writes), but no other open sees them from the moment it answers, whenever this
-    session's FUSE_RELEASE comes (``HandleOwner.refused``)."""
+    session's opens where they were refused for what they are (a later close tries them
+    again: ``sh`` closes a ``dup`` before it writes), and lets go of them where the store
+    could not keep them (the disk full: DIR is as it was when the close answers); either
+    way no other open sees them from the moment it answers, whenever this session's
+    FUSE_RELEASE comes (``HandleOwner.refused``)."""
 
     def __init__(self, owner: HandleOwner, node: FileNode, limit: int):
         self.owner = owner
@@ -262,7 +264,13 @@ class WriteHandle(OpenFile):
                     raise EditRefused(refusal.errno or errno.EIO,
                                       f"{refusal.strerror or refusal} (a write was refused)")
                 self._keep()
-            except OSError:
+            except OSError as error:
+                if not isinstance(error, EditRefused):
+                    # the store could not keep them (the disk full): the bytes go now, so
+                    # that DIR is as it was when the close answers, and every later close
+                    # of the session says so
+                    self.discard()
+                    self.refusal = error
                 # no other open sees what the close refused, from now on
                 self.reported = True
                 self.owner.refused(self, True)
