@@ -23,7 +23,7 @@ import threading
 from typing import NamedTuple
 
 from tensorfs.editing.compose import ComposedFile, Composer, EditError, encode_array
-from tensorfs.editing.store import EditState, EditStore, PendingData, TensorEdit
+from tensorfs.editing.store import EditsError, EditState, EditStore, PendingData, TensorEdit
 from tensorfs.formats.metadata_text import TextError, parse_text, valid_type
 from tensorfs.model import Model, TensorInfo
 from tensorfs.sources.source import Source
@@ -106,13 +106,12 @@ class EditSession:
             if edit.data is None:
                 continue
             try:
-                size = self.store.data(edit.data).size
+                self.store.data(edit.data, t.nbytes)
+            except EditsError as error:
+                raise EditError(f"{error} (the new bytes of {original!r})") from None
             except OSError as error:
                 raise EditError(f"{where}: the new bytes of {original!r} cannot be opened "
                                 f"({edit.data}: {error.strerror})") from None
-            if size != t.nbytes:
-                raise EditError(f"{where}: the new bytes of {original!r} ({edit.data}) are "
-                                f"{size} bytes, the tensor holds {t.nbytes}")
         try:
             return self._compose_all(state)
         except (EditError, TextError) as error:
@@ -288,8 +287,14 @@ class EditSession:
         return name
 
     def _replace(self, original: str, name: str, data_name: str) -> tuple[Committed, str]:
-        return self.commit(self.state.with_tensor(original, TensorEdit(name, data_name))), \
-            data_name
+        """The tensor's bytes now those of the store's file ``data_name``; if the edit is
+        not kept (refused, the disk full), that file goes again: the store is as before."""
+        try:
+            return self.commit(self.state.with_tensor(original, TensorEdit(name, data_name))), \
+                data_name
+        except BaseException:
+            self.store.drop_data(data_name)
+            raise
 
     def replace_raw(self, original: str, pending: PendingData) -> tuple[Committed, str]:
         """A tensor's bytes replaced by those written in ``pending`` (exactly its size);
@@ -300,8 +305,14 @@ class EditSession:
                               f"tensor holds {t.nbytes} (it keeps its bytes)")
         name = self._named_now(original)
         data_name = pending.keep()
+        try:
+            committed = self.commit(self.state.with_tensor(original, TensorEdit(name, data_name)))
+        except BaseException:
+            self.store.forget_data(data_name)
+            pending.unkeep()                # still the session's: a later close tries again
+            raise
         pending.drop()
-        return self._replace(original, name, data_name)
+        return committed, data_name
 
     def replace_npy(self, original: str, npy: bytes) -> tuple[Committed, str]:
         """A tensor's bytes replaced by the array of a ``numpy.save`` file, stored in the

@@ -15,8 +15,11 @@ holds a marker file; nothing outside it is ever listed, opened or removed.  In `
   the old journal or the new one.
 - ``edits-*.log``, the log the journal names: one line of JSON per edit since the journal
   was written (what the edit set and unset), appended and fsynced, so that an edit costs
-  in proportion to the edit, not to the edits before it.  A last line cut short (a daemon
-  killed while writing it: the edit was never answered) is dropped at the next mount.
+  in proportion to the edit, not to the edits before it.  A line that fails part-way (the
+  disk full) is cut off again before the edit is refused, so a line is there whole or not
+  at all.  A last line cut short all the same (a daemon killed while writing it: the edit
+  was never answered) is dropped at the next mount, and so are the beginnings of lines
+  that an earlier version left before the next line (``_after_fragments``).
 - ``data-*.bin``: a tensor's replacement bytes, one file per replacement, written the same
   way before the journal names it.  A file the journal does not name (a replacement
   superseded, or written by a daemon killed before its journal) is removed when the store
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 
 from tensorfs.runtime.claims import claim, release
 from tensorfs.runtime.files import write_file
-from tensorfs.runtime.paths import open_private_dir, open_private_subdir
+from tensorfs.runtime.paths import NotOwnFile, open_own_file, open_private_dir, open_private_subdir
 from tensorfs.sources.source import Source
 
 ROOT = "tensorfs-edits.v1"
@@ -181,6 +184,33 @@ def _no_duplicates(pairs) -> dict:
     return out
 
 
+_LINE_START = b'{"unset":'
+
+
+def _after_fragments(line: bytes) -> dict | None:
+    """The whole log line at the end of ``line``, where ``line`` is the beginnings of lines
+    never answered, then that line: what a disk that filled in the middle of an append left
+    before the append was made whole or nothing (the next edit was appended after the
+    beginning).  Each line starts ``{"unset":``; nowhere else does that text stand outside
+    a string but where a metadata key is named "unset", and that never parses to the end.
+    None where ``line`` is not of that shape."""
+    at = len(line)
+    while True:
+        at = line.rfind(_LINE_START, 1, at)
+        if at < 0:
+            return None
+        first = line[:at]                   # the first beginning: up to the next "{"
+        brace = first.find(b"{", 1)
+        first = first if brace < 0 else first[:brace]
+        if not (first.startswith(_LINE_START) or _LINE_START.startswith(first)):
+            return None
+        try:
+            delta = json.loads(line[at:], object_pairs_hook=_no_duplicates)
+        except (ValueError, RecursionError):
+            continue
+        return delta if isinstance(delta, dict) else None
+
+
 def source_identity(model, sources) -> list[dict]:
     """What binds DIR to a model: each file's name, format, size and header's SHA-256."""
     out = []
@@ -255,6 +285,7 @@ class PendingData:
     def __init__(self, dir_fd: int, fd: int, tmp: str, name: str):
         self._dir_fd, self.fd, self.name = dir_fd, fd, name
         self._tmp: str | None = tmp
+        self._kept_from: str | None = None
         self.size = 0
 
     def pwrite(self, offset: int, data) -> int:
@@ -275,18 +306,37 @@ class PendingData:
         self.size = size
 
     def keep(self) -> str:
-        """Fsynced and renamed into place: the name of its file."""
+        """Fsynced and renamed into place: the name of its file (``unkeep`` takes it back
+        where the edit is then not kept)."""
         os.fsync(self.fd)
         os.rename(self._tmp, self.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         _fsync_dir(self._dir_fd)
-        self._tmp = None
+        self._kept_from, self._tmp = self._tmp, None
         return self.name
 
-    def drop(self) -> None:
+    def unkeep(self) -> None:
+        """Back to a temporary file (its edit refused: the disk full), still written."""
+        tmp = self._kept_from
+        if tmp is None:
+            return
         try:
-            os.close(self.fd)
+            os.rename(self.name, tmp, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            self._tmp = tmp
         except OSError:
-            pass
+            try:
+                os.unlink(self.name, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+        self._kept_from = None
+        _fsync_dir(self._dir_fd)
+
+    def drop(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
         if self._tmp is not None:
             try:
                 os.unlink(self._tmp, dir_fd=self._dir_fd)
@@ -308,6 +358,7 @@ class EditStore:
         self._log: str | None = None        # the log's name (None: no journal written yet)
         self._log_fd: int | None = None
         self._log_size = 0
+        self._log_torn = False              # a failed append could not be cut back: fold next
         self._journal_size = 0
         dir_fd = self._open_user_dir()
         try:
@@ -333,31 +384,51 @@ class EditStore:
     def _open_root(self, dir_fd: int) -> int:
         path = self.root
         fd = open_private_subdir(dir_fd, ROOT, self._euid, _refused, path)
-        marker = self._read(fd, MARKER, 4096)
+        try:
+            marker = self._read(fd, MARKER, 4096)
+        except BaseException:
+            os.close(fd)
+            raise
         if marker is None:
             names = os.listdir(fd)
             if names:
                 os.close(fd)
                 raise _refused(path, f"it is not a tensorfs edits directory (no {MARKER} file "
                                      "in it): move it away or choose another directory")
-            self._write(fd, MARKER, MARKER_TEXT)
+            try:
+                self._write(fd, MARKER, MARKER_TEXT)
+            except OSError as error:
+                os.close(fd)
+                raise _refused(path, f"cannot write its {MARKER} file: {error.strerror}") \
+                    from None
         elif marker != MARKER_TEXT:
             os.close(fd)
             raise _refused(path, f"its {MARKER} file is not tensorfs's (another format?)")
         return fd
 
-    @staticmethod
-    def _read(dir_fd: int, name: str, limit: int) -> bytes | None:
+    def _read(self, dir_fd: int, name: str, limit: int) -> bytes | None:
+        """A file of the store's, whole (None: there is none), checked first: a regular file
+        of the user's, of at most ``limit`` bytes, opened without blocking (``open_own_file``);
+        anything else is refused in one line."""
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                         dir_fd=dir_fd)
+            fd = open_own_file(dir_fd, name, self._euid, limit=limit)
         except FileNotFoundError:
             return None
+        except NotOwnFile as why:
+            raise _refused(self.root, f"its {why}") from None
+        except OSError as error:
+            raise _refused(self.root, f"its {name} cannot be opened: {error.strerror}") from None
         try:
-            st = os.fstat(fd)
-            if not (st.st_mode & 0o170000 == 0o100000) or st.st_size > limit:
-                raise EditsError(f"{name}: not a regular file of at most {limit} bytes")
-            return os.read(fd, limit + 1)
+            parts, total = [], 0
+            while total <= limit:
+                part = os.read(fd, limit + 1 - total)
+                if not part:
+                    break
+                parts.append(part)
+                total += len(part)
+            return b"".join(parts)
+        except OSError as error:
+            raise _refused(self.root, f"its {name} cannot be read: {error.strerror}") from None
         finally:
             os.close(fd)
 
@@ -392,16 +463,27 @@ class EditStore:
         data = self._read(self._fd, log, 1 << 30) or b""
         lines = data.split(b"\n")
         if lines[-1]:
-            # a last line cut short: an edit never answered (the daemon died writing it)
-            fd = os.open(log, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+            # a last line cut short: an edit never answered (the daemon died writing it, or
+            # the disk filled and cutting it off failed too): dropped
             try:
-                os.ftruncate(fd, len(data) - len(lines[-1]))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = open_own_file(self._fd, log, self._euid, os.O_WRONLY)
+                try:
+                    os.ftruncate(fd, len(data) - len(lines[-1]))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except (OSError, NotOwnFile) as error:
+                raise _refused(self.root, f"its {log} ends in a line cut short, which cannot "
+                                          f"be cut off: {error}") from None
         for number, line in enumerate(lines[:-1], 1):
             try:
-                delta = json.loads(line, object_pairs_hook=_no_duplicates)
+                try:
+                    delta = json.loads(line, object_pairs_hook=_no_duplicates)
+                except ValueError:
+                    delta = _after_fragments(line)
+                    if delta is None:
+                        raise
+                    self._log_torn = True       # the next edit writes the journal whole
                 state = state.apply(_object(delta, "line"))
             except (ValueError, TypeError, RecursionError) as error:
                 raise _refused(self.root, f"its {log} cannot be read: line {number}: "
@@ -422,6 +504,11 @@ class EditStore:
                     pass
 
     # -- writing ---------------------------------------------------------------------------
+    # Every write to ROOT is whole or not at all: a file is written under a temporary name,
+    # fsynced and renamed into place (``_write``, ``PendingData.keep``), and a log line
+    # appended is cut off again if any of it fails (``_append``).  A failed write (ENOSPC,
+    # EDQUOT, EIO) leaves ROOT as it was, and is answered to the edit that made it; what was
+    # answered before stays.
     def _write(self, dir_fd: int, name: str, data) -> None:
         """Replace ``name`` with ``data``, whole or not at all: a fresh temporary name,
         written, fsynced, renamed over; then the directory fsynced (runtime.write_file)."""
@@ -433,6 +520,24 @@ class EditStore:
         self._write(self._fd, name, data)
         return name
 
+    def drop_data(self, name: str) -> None:
+        """Remove a file of new bytes that no state names (its edit was not kept)."""
+        with self._lock:
+            if any(e.data == name for e in self.state.tensors.values()):
+                return
+            self._data.pop(name, None)
+            try:
+                os.unlink(name, dir_fd=self._fd)
+            except OSError:
+                pass
+            _fsync_dir(self._fd)
+
+    def forget_data(self, name: str) -> None:
+        """A file of new bytes opened for an edit that was then not kept: not held open."""
+        with self._lock:
+            if not any(e.data == name for e in self.state.tensors.values()):
+                self._data.pop(name, None)
+
     def new_data(self) -> PendingData:
         """A replacement being written (a tensor's raw file open for writing): kept by
         ``PendingData.keep``, or dropped."""
@@ -442,18 +547,23 @@ class EditStore:
                      0o600, dir_fd=self._fd)
         return PendingData(self._fd, fd, tmp, name)
 
-    def data(self, name: str) -> DataFile:
-        """A replacement's bytes, open (kept open for the store's life)."""
+    def data(self, name: str, size: int | None = None) -> DataFile:
+        """A replacement's bytes, open (kept open for the store's life): a regular file of
+        the user's (of ``size`` bytes, where given), or ``EditsError`` saying what it is."""
         with self._lock:
             found = self._data.get(name)
             if found is None:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
+                try:
+                    fd = open_own_file(self._fd, name, self._euid, size=size)
+                except NotOwnFile as why:
+                    raise _refused(self.root, f"its {why}") from None
                 found = self._data[name] = DataFile(fd, os.fstat(fd).st_size, name)
             return found
 
     def commit(self, state: EditState) -> None:
         """Make ``state`` the edits, on disk first (the journal, atomically), then here; the
-        replacements no longer named are removed."""
+        replacements no longer named are removed.  An ``OSError`` (the disk full) leaves
+        both as they were."""
         with self._lock:
             try:
                 self._keep(state)
@@ -472,23 +582,63 @@ class EditStore:
 
     def _keep(self, state: EditState) -> None:
         """``state`` on disk: one line appended to the log, or the journal written whole
-        (no journal yet, a log grown past it, a change a line cannot say)."""
+        (no journal yet, a log grown past it, a log whose end could not be cut back after
+        a failed append, a change a line cannot say)."""
         log, delta = self._log, None
-        if log is not None and self._log_size < max(LOG_FOLD, self._journal_size):
+        if log is not None and self._log_size < max(LOG_FOLD, self._journal_size) \
+                and not self._log_torn:
             delta = self.state.delta_to(state)
         if log is None or delta is None:
             self._fold(state)
             return
         line = json.dumps(delta, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+        self._append(log, line)
+
+    def _append(self, log: str, line: bytes) -> None:
+        """``line`` at the end of the log, fsynced; if any of it fails, the log is cut back
+        to its size before (a log it made is removed): a line is in the log whole, answered,
+        or not at all.  Where even that fails, the next edit writes the journal whole."""
+        created = False
         if self._log_fd is None:
-            self._log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT
-                                   | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._fd)
-            _fsync_dir(self._fd)
-        view = memoryview(line)
-        while view:
-            view = view[os.write(self._log_fd, view):]
-        os.fsync(self._log_fd)
+            try:
+                self._log_fd = open_own_file(self._fd, log, self._euid, os.O_WRONLY)
+            except FileNotFoundError:
+                self._log_fd = open_own_file(self._fd, log, self._euid,
+                                             os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                created = True
+            except NotOwnFile as why:
+                raise OSError(errno.EIO, f"its {why}") from None
+            if created:
+                _fsync_dir(self._fd)
+        fd = self._log_fd
+        view, at = memoryview(line), self._log_size
+        try:
+            while view:
+                n = os.pwrite(fd, view, at)
+                view, at = view[n:], at + n
+            os.fsync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, self._log_size)
+                os.fsync(fd)
+            except OSError:
+                self._log_torn = True       # the next edit folds: a new journal, a new log
+            if created:
+                self._forget_log(log, created)
+            raise
         self._log_size += len(line)
+
+    def _forget_log(self, log: str, created: bool) -> None:
+        """A log this store just made, removed again (its first line failed)."""
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+        if created:
+            try:
+                os.unlink(log, dir_fd=self._fd)
+                os.fsync(self._fd)
+            except OSError:
+                pass
 
     def _fold(self, state: EditState) -> None:
         """The journal written whole, naming a new (empty) log; the old log removed."""
@@ -498,6 +648,7 @@ class EditStore:
         text = json.dumps(doc, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
         self._write(self._fd, JOURNAL, text)
         self._log, self._log_fd, self._log_size, self._journal_size = log, None, 0, len(text)
+        self._log_torn = False
         if old_fd is not None:
             os.close(old_fd)
         if old_log is not None:

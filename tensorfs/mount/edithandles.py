@@ -56,6 +56,11 @@ class HandleOwner(Protocol):
     def release(self, handle: WriteHandle) -> None:
         """One open of a write session let go (FUSE_RELEASE of a ``WriteHandle``)."""
 
+    def refused(self, handle: WriteHandle, closing: bool) -> None:
+        """A write session's bytes refused (a write, or ``closing``, a close;
+        ``WriteHandle.discard`` done): what any reader or the kernel holds of them goes
+        (the editor's lock held)."""
+
     def scratch_bytes(self) -> int:
         """The bytes every scratch file of metadata/ holds."""
 
@@ -158,7 +163,17 @@ class WriteHandle(OpenFile):
     (``HandleOwner.read_now``).  Each ``close`` makes the bytes written so far the edit
     (``flush``, ``fsync``); so does the last release, for writes that came after the last
     close (a shared memory map written after ``close``, written back at ``munmap``).
-    ``limit``: the most bytes the file may hold."""
+    ``limit``: the most bytes the file may hold.
+
+    A refused edit is never seen.  A write refused (text that does not read, the disk full)
+    leaves the bytes as they were before it (``_undo``), and every later close of the
+    session fails with it (``refusal``) until the file is truncated to nothing (a new
+    start).  A close refused (``flush``: the edit not kept) leaves the bytes to this
+    session's opens where they were refused for what they are (a later close tries them
+    again: ``sh`` closes a ``dup`` before it writes), and lets go of them where the store
+    could not keep them (the disk full: DIR is as it was when the close answers); either
+    way no other open sees them from the moment it answers, whenever this session's
+    FUSE_RELEASE comes (``HandleOwner.refused``)."""
 
     def __init__(self, owner: HandleOwner, node: FileNode, limit: int):
         self.owner = owner
@@ -166,7 +181,8 @@ class WriteHandle(OpenFile):
         self.limit = limit
         self.opens = 1
         self.dirty = False
-        self.reported = False       # the last attempt to keep the bytes failed, and said so
+        self.refusal: OSError | None = None     # a write refused (until a new start)
+        self.reported = False       # the last close was refused, and said so
         self.lock = threading.Lock()
 
     # -- what each kind of file does -------------------------------------------------------
@@ -183,8 +199,17 @@ class WriteHandle(OpenFile):
         """Make the bytes written the edit (the editor's lock held): ``EditRefused`` if
         they cannot be."""
 
-    def _drop(self) -> None:
-        """Let go of what the bytes being written hold (at the last release)."""
+    @abstractmethod
+    def _undo(self, state: object) -> None:
+        """Back to ``state`` (what ``_mark`` gave before a write that failed)."""
+
+    def _mark(self) -> object:
+        """What ``_undo`` needs to put the bytes back as they are now (before a write)."""
+        return None
+
+    def discard(self) -> None:
+        """Let go of the bytes written and not kept (the handle's lock held): at the last
+        release."""
 
     # -- the calls -------------------------------------------------------------------------
     def write(self, offset: int, data: bytes) -> int:
@@ -192,16 +217,43 @@ class WriteHandle(OpenFile):
         if end > self.limit:
             raise EditRefused(errno.EFBIG, f"a write past the end ({end} > {self.limit} bytes)")
         with self.lock:
-            self._write(offset, data)
-            self.dirty, self.reported = True, False
-        return len(data)
+            mark = self._mark()
+            try:
+                self._write(offset, data)
+            except OSError as error:
+                self._undo(mark)
+                self.refusal, self.dirty = error, True
+                refused = error
+            else:
+                self.dirty, self.reported = True, False
+                return len(data)
+        self._said_refused()
+        raise refused
 
     def truncate(self, size: int) -> None:
         if size > self.limit:
             raise EditRefused(errno.EFBIG, f"{size} bytes: more than the file may hold")
         with self.lock:
-            self._truncate(size)
-            self.dirty, self.reported = True, False
+            mark = self._mark()
+            try:
+                self._truncate(size)
+            except OSError as error:
+                self._undo(mark)
+                self.refusal, self.dirty = error, True
+                refused = error
+            else:
+                if size == 0:
+                    self.refusal = None             # a new start
+                self.dirty, self.reported = True, False
+                return
+        self._said_refused()
+        raise refused
+
+    def _said_refused(self) -> None:
+        """A write refused: the kernel drops what it holds of the file (the editor's lock
+        is not held while writing: a tensor's first write copies its bytes)."""
+        with self.owner.editing():
+            self.owner.refused(self, False)
 
     def flush(self) -> None:
         if not self.dirty:
@@ -209,10 +261,22 @@ class WriteHandle(OpenFile):
         with self.owner.editing(), self.lock:
             if not self.dirty:
                 return
+            refusal = self.refusal
             try:
+                if refusal is not None:
+                    raise EditRefused(refusal.errno or errno.EIO,
+                                      f"{refusal.strerror or refusal} (a write was refused)")
                 self._keep()
-            except BaseException:
+            except OSError as error:
+                if not isinstance(error, EditRefused):
+                    # the store could not keep them (the disk full): the bytes go now, so
+                    # that DIR is as it was when the close answers, and every later close
+                    # of the session says so
+                    self.discard()
+                    self.refusal = error
+                # no other open sees what the close refused, from now on
                 self.reported = True
+                self.owner.refused(self, True)
                 raise
             self.dirty = False
 
@@ -232,6 +296,15 @@ class _BufferedWrite(WriteHandle):
         super().__init__(owner, node, limit)
         self.buf = bytearray()
         self.unread = not truncate
+
+    def discard(self) -> None:
+        self.buf = bytearray()
+        self.unread = True
+
+    def _undo(self, state: object) -> None:
+        # only a metadata file's write is refused once it changed the bytes (its scalar's
+        # text): nothing to undo here (``MetadataWrite._mark``)
+        pass
 
     def _read_now(self, upto: int | None = None) -> None:
         if self.unread:
@@ -263,6 +336,9 @@ class _BufferedWrite(WriteHandle):
             return len(part)
 
 
+_UNREAD = object()          # a write session's bytes not read yet (``MetadataWrite._mark``)
+
+
 class MetadataWrite(_BufferedWrite):
     """``metadata/KEY`` open for writing: its new text, read in ``type_name`` when kept.
     ``key`` None: a scratch file of metadata/ (``Editor._scratch_handle``: its ``buf`` is
@@ -284,14 +360,12 @@ class MetadataWrite(_BufferedWrite):
                 super()._write(offset, data)
         else:
             super()._write(offset, data)
-        if self.type_name != "string" and not self.type_name.startswith("array") \
-                and self.buf.endswith(b"\n"):
+        if self._scalar() and self.buf.endswith(b"\n"):
             # a scalar's one line is complete: text that does not read fails the write
             # itself, which the shell reports (`echo two > KEY`: it ignores close)
             try:
                 parse_text(self.type_name, bytes(self.buf))
             except TextError as error:
-                self.dirty = True
                 what = "the key keeps its value" if self.key is not None else "not a key"
                 raise EditRefused(errno.EINVAL, f"metadata/{self.key or 'file'}: {error} "
                                   f"({what})") from None
@@ -310,6 +384,26 @@ class MetadataWrite(_BufferedWrite):
         if self.owner.scratch_bytes() + end - len(self.buf) > MAX_SCRATCH_BYTES:
             raise EditRefused(errno.ENOSPC, f"files of metadata/ not yet keys hold "
                               f"{MAX_SCRATCH_BYTES >> 20} MiB at most")
+
+    def discard(self) -> None:
+        if self.key is not None:        # a scratch file's bytes are the file's, kept
+            super().discard()
+
+    def _scalar(self) -> bool:
+        return self.type_name != "string" and not self.type_name.startswith("array")
+
+    def _mark(self) -> object:
+        # a scalar's text, refused once its line is complete: kept to be put back (it is
+        # short); any other text is never refused after it changed
+        if not self._scalar():
+            return None
+        return _UNREAD if self.unread else bytes(self.buf)
+
+    def _undo(self, state: object) -> None:
+        if state is _UNREAD:
+            self.discard()
+        elif isinstance(state, bytes):
+            self.buf[:] = state                 # in place: a scratch file's bytes are its
 
     def _keep(self) -> None:
         self.owner.keep_metadata(self)
@@ -356,7 +450,12 @@ class RawWrite(WriteHandle):
     def _keep(self) -> None:
         self.owner.keep_raw(self)
 
-    def _drop(self) -> None:
+    def _undo(self, state: object) -> None:
+        # the bytes of a write cut short by the disk, or of a copy, cannot be taken back:
+        # all go (the close fails: ``refusal``); the next write starts again from a copy
+        self.discard()
+
+    def discard(self) -> None:
         if self.pending is not None:
             self.pending.drop()
             self.pending = None

@@ -7,9 +7,12 @@ to it was spelled (a symbolic link, ``..``, a bind mount).  The lock belongs to 
 file: a daemon forked after the store was opened holds it with the file it inherited, for
 its whole life, and the kernel lets go of it when the last holder exits, SIGKILL included:
 a dead mount never holds a directory.  The file records who holds it, one line of JSON
-(``{"pid": …, "mountpoint": …}``), rewritten by the serving process once it knows both
-(``serving``, called where the daemon starts): a second mount is refused in one line
-naming the mount point and the pid of the one that holds the directory.
+(``{"pid": …, "mountpoint": …}``), written by the serving process once it knows both
+(``serving``, called where the daemon starts), never by a mount refused before that (it
+holds another model's edits): a second mount is refused in one line naming the mount point
+and the pid of the one that holds the directory.  The record is rewritten in place (the
+lock is on that file: it cannot be replaced by rename), so a rewrite that fails part-way
+(the disk full) puts the old record back.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import errno
 import fcntl
 import json
 import os
-import stat
 import threading
+
+from tensorfs.runtime.paths import NotOwnFile, open_own_file
 
 OWNER = "owner"
 _RECORD_LIMIT = 4096
@@ -35,14 +39,12 @@ def claim(dir_fd: int, shown: str, refused) -> int:
     another live process is refused: ``refused(shown, why)`` makes the exception raised,
     ``why`` names the holder (``in use by the mount at /m (pid 123): …``)."""
     try:
-        fd = os.open(OWNER, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
-                     | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
+        fd = open_own_file(dir_fd, OWNER, os.geteuid(), os.O_RDWR | os.O_CREAT)
+    except NotOwnFile as why:
+        raise refused(shown, f"its {why}") from None
     except OSError as error:
         raise refused(shown, f"cannot open its {OWNER} file: {error.strerror}") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise refused(shown, f"its {OWNER} file is not a file of the user's own")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -53,7 +55,8 @@ def claim(dir_fd: int, shown: str, refused) -> int:
             # a filesystem without locks (some network ones): nothing to hold, nothing held
         with _lock:
             _held.append(fd)
-            _record(fd)
+            if _mountpoint is not None:     # a claim made while serving: said at once
+                _record(fd)
         return fd
     except BaseException:
         if fd not in _held:
@@ -90,10 +93,26 @@ def _record(fd: int) -> None:
     data = json.dumps({"pid": os.getpid(), "mountpoint": _mountpoint},
                       ensure_ascii=True).encode() + b"\n"
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        old = os.pread(fd, _RECORD_LIMIT, 0)
     except OSError:
-        pass                        # the lock still holds: only the refusal's words are less
+        old = b""
+    try:
+        # written over the old one (padded to its length: nothing to cut first), then cut
+        _write_all(fd, data + b" " * max(0, len(old) - len(data)))
+        if len(old) > len(data):
+            os.ftruncate(fd, len(data))
+    except OSError:
+        try:                        # the old record back: its bytes need no new space
+            _write_all(fd, old)
+            os.ftruncate(fd, len(old))
+        except OSError:
+            pass                    # the lock still holds: only the refusal's words are less
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view, at = memoryview(data), 0
+    while at < len(view):
+        at += os.pwrite(fd, view[at:], at)
 
 
 def _holder(fd: int) -> str:

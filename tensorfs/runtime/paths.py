@@ -179,3 +179,59 @@ def open_private_subdir(dir_fd: int, name: str, euid: int, refused, shown: str) 
         os.close(fd)
         raise refused(shown, why)
     return fd
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+class NotOwnFile(Exception):
+    """A file of a store's own directory that is not a regular file of the user's: why, in
+    words (``open_own_file``)."""
+
+
+def _not_regular(st: os.stat_result, euid: int, size: int | None, limit: int | None) -> str | None:
+    for test, kind in _KINDS:
+        if test(st.st_mode):
+            return f"is {kind}, not a regular file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != euid:
+        return f"belongs to uid {st.st_uid}, not to the user ({euid})"
+    if size is not None and st.st_size != size:
+        return f"holds {st.st_size} bytes, not the {size} recorded"
+    if limit is not None and st.st_size > limit:
+        return f"holds {st.st_size} bytes, more than the {limit} it may"
+    return None
+
+
+def open_own_file(dir_fd: int, name: str, euid: int, flags: int = os.O_RDONLY, *,
+                  size: int | None = None, limit: int | None = None, mode: int = 0o600) -> int:
+    """``name`` in the directory ``dir_fd`` (a store's own directory: everything in it is
+    input), opened only if it is a regular file of the user's (``size``: of exactly that
+    many bytes; ``limit``: of at most that many), without following a link and without
+    blocking: a FIFO, a device, a socket, a directory or a link in its place is never
+    opened (checked by ``lstat`` first, and again through the descriptor).  ``NotOwnFile``
+    says why not; ``FileNotFoundError`` where there is none (``O_CREAT`` in ``flags`` makes
+    one, ``mode``)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    else:
+        why = _not_regular(st, euid, size, limit)
+        if why is not None:
+            raise NotOwnFile(f"{name} {why}")
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        why = _not_regular(os.fstat(fd), euid, size, limit)
+    except BaseException:
+        os.close(fd)
+        raise
+    if why is not None:
+        os.close(fd)
+        raise NotOwnFile(f"{name} {why}")
+    return fd

@@ -82,6 +82,6 @@ class View(ABC):
 
     def snapshot(self) -> View | None:
         """What an open of this file reads for its whole life, where that is fixed at open
-        (a version of an edited model file: ``tensorfs.mount.editable.ComposedView``);
+        (a version of an edited model file: ``tensorfs.mount.editversions.ComposedView``);
         None: each read reads the file as it is then."""
         return None

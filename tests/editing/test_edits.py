@@ -845,3 +845,72 @@ def test_a_link_another_user_planted_on_the_way_to_the_edits_dir_is_never_follow
         assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
         assert f"{link} is a symbolic link of uid {attacker.uid}" in result.stderr
         assert not mounted and os.listdir(theirs) == []
+
+
+def test_a_refused_edit_is_never_seen_however_late_the_release_comes(tmp_path, llama_model,
+                                                                      mount):
+    """Issue 43 class 10: whatever a close (or a write) refuses is gone for every other open
+    the moment it answers, whenever the kernel's FUSE_RELEASE of that open arrives.  A
+    ``dup`` of the descriptor holds the open after the close, as a late RELEASE does (under
+    load, the kernel sends it after the close has returned): deterministically."""
+    mnt = mount(llama_model, "--edits", tmp_path / "fixes")
+    eos = mnt / "metadata" / "tokenizer.ggml.eos_token_id"
+
+    def refused_close(path, data, flags=os.O_WRONLY | os.O_TRUNC):
+        fd = os.open(path, flags)
+        held = os.dup(fd)
+        os.write(fd, data)                  # taken: the text is judged at close
+        with pytest.raises(OSError) as caught:
+            os.close(fd)
+        assert caught.value.errno == 22
+        return held
+
+    held = refused_close(eos, b"-1")        # no newline: the write itself is taken
+    assert eos.read_text() == "1\n" and eos.stat().st_size == 2
+    eos.write_text("3\n")                   # a new writer meanwhile: from the kept value
+    assert eos.read_text() == "3\n"
+    with pytest.raises(OSError):
+        os.close(held)                      # the held open's own close says it again
+    assert eos.read_text() == "3\n"
+
+    # a write refused (a scalar's line complete): not seen before the close either
+    fd = os.open(eos, os.O_WRONLY | os.O_TRUNC)
+    held = os.dup(fd)
+    with pytest.raises(OSError) as caught:
+        os.write(fd, b"-1\n")
+    assert caught.value.errno == 22
+    assert eos.read_text() in ("", "3\n")   # the open's own bytes (emptied), never "-1"
+    with pytest.raises(OSError):
+        os.close(fd)
+    assert eos.read_text() == "3\n"
+    with pytest.raises(OSError):
+        os.close(held)
+
+    # a tensor's raw bytes of the wrong size, and an .npy of another shape
+    raw = mnt / "token_embd" / "weight"
+    npy = mnt / "output_norm" / "weight.npy"
+    before_raw, before_npy = raw.read_bytes(), np.load(npy)
+    held_raw = refused_close(raw, bytes(len(before_raw) // 2))
+    assert raw.read_bytes() == before_raw and raw.stat().st_size == len(before_raw)
+    import io
+    wrong = io.BytesIO()
+    np.save(wrong, np.zeros((2, 2), np.float32))
+    held_npy = refused_close(npy, wrong.getvalue())
+    assert np.array_equal(np.load(npy), before_npy)
+    for held in (held_raw, held_npy):
+        with pytest.raises(OSError):
+            os.close(held)
+    assert raw.read_bytes() == before_raw and np.array_equal(np.load(npy), before_npy)
+
+    # a new key whose text a close refused is not there, though its open lives on
+    fd = os.open(mnt / "metadata" / "my.count", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.setxattr(fd, "user.tensorfs.type", b"uint8")
+    held = os.dup(fd)
+    os.write(fd, b"300")
+    with pytest.raises(OSError):
+        os.close(fd)
+    assert not (mnt / "metadata" / "my.count").exists()
+    assert "my.count" not in os.listdir(mnt / "metadata")
+    with pytest.raises(OSError):
+        os.close(held)
+    assert "my.count" not in gguf_fields(mnt / "files" / "model.gguf")
