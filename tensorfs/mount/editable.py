@@ -1,5 +1,5 @@
 """An editable mount (``--edits DIR``), the tree side: the files a user may change, placed in
-the mount's tree and kept true to the edits (docs/editing.md).
+the mount's tree and kept true to the edits (docs/reference/editing.md).
 
 - ``metadata/KEY``: rewritten whole, its new text read in the key's type when the file is
   closed; a new file is a scratch file of the mount (in memory, never in the model: a

@@ -1,4 +1,4 @@
-"""What every part of an editable mount's tree side shares (``--edits DIR``, docs/editing.md):
+"""What every part of an editable mount's tree side shares (``--edits DIR``, docs/reference/editing.md):
 ``EditorBase`` holds the state (the edit session, the tree's nodes of keys, tensors and
 scratch files, the write sessions, the versions of files/ open), shows each edit kept
 (``_shown``: new versions of files/ and metadata.json, the kernel told what changed) and

@@ -1,4 +1,4 @@
-"""The keys of an editable mount's metadata/ (``--edits DIR``, docs/editing.md): a key's file
+"""The keys of an editable mount's metadata/ (``--edits DIR``, docs/reference/editing.md): a key's file
 shown as its value (``_show_key``), a key written (``keep_metadata``) or re-typed
 (``set_type``), and the scratch files a tool makes there (a temporary, swap or backup file:
 ``Editor.create``), which become a key when closed under a key name (``is_key_name``).  The naming
@@ -42,7 +42,7 @@ _TOOL_TEMPORARY = re.compile(r"sed[A-Za-z0-9]{6}|XX[A-Za-z0-9]{6}|tmp[a-z0-9_]{8
 
 def is_key_name(name: str, fmt: str) -> bool:
     """Whether a new file of metadata/ named ``name`` is a key once it is closed, or a
-    scratch file of the mount (docs/editing.md): a name that starts with ``.`` (vim's
+    scratch file of the mount (docs/reference/editing.md): a name that starts with ``.`` (vim's
     ``.KEY.swp``), ends with ``~`` (a backup), is only digits (vim's ``4913``), is a
     tool's temporary name (sed's ``sedAbC123``, perl's ``XXwdnW4t``, Python's
     ``tmpk2j3x9ab``) or ends with ``.tmp``, ``.new``, ``.bak`` ... (``KEY.tmp``) is scratch,

@@ -1,4 +1,4 @@
-"""Removing and renaming in an editable mount (``--edits DIR``, docs/editing.md): every rule
+"""Removing and renaming in an editable mount (``--edits DIR``, docs/reference/editing.md): every rule
 of ``rm`` and ``mv`` in one place.  In metadata/ (``_rename_key``): onto a key, the moved
 file's text is that key's new value in its type (``sed -i``); a key to a new key name is
 renamed; a scratch file to a key name becomes the key; a key to a scratch name (vim's
@@ -99,7 +99,7 @@ class Renames(EditorBase):
             self._touch(parent, new_parent)
 
     def _rename_key(self, node, name: str, new_name: str) -> None:
-        """``mv`` inside metadata/ (docs/editing.md): onto a key, the moved file's text is
+        """``mv`` inside metadata/ (docs/reference/editing.md): onto a key, the moved file's text is
         that key's new value, read in that key's type (sed -i, perl -pi, an atomic
         write's rename); a key to a new key name is renamed, type and all; a scratch file to
         a key name becomes that key; a key to a scratch name (vim's backup) leaves the model

@@ -1,4 +1,4 @@
-"""The tensors' files of an editable mount (``--edits DIR``, docs/editing.md): a tensor's raw
+"""The tensors' files of an editable mount (``--edits DIR``, docs/reference/editing.md): a tensor's raw
 file and ``.npy`` view showing its new bytes (``_set_views``), a raw file or an ``.npy``
 written made the tensor's bytes (``keep_raw``, ``keep_npy``), and a tensor's files placed
 under a name (``_place_tensor``), the kept edits shown in a fresh tree (``_replay``)."""

@@ -1,5 +1,5 @@
 """The versions an editable mount serves of what an edit changes as a whole (``--edits DIR``,
-docs/editing.md): a model file of files/ composed for one state of the edits
+docs/reference/editing.md): a model file of files/ composed for one state of the edits
 (``ComposedView``), metadata.json (``GeneratedVersion``) and a sharded model's index
 (``IndexView``).  Each is one version: an edit makes a new node with a new one
 (``tensorfs.mount.editbase.EditorBase._new_versions``), so that an open reads one version

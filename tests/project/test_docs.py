@@ -316,14 +316,12 @@ def test_every_docs_page_the_code_names_exists():
     """The code's messages, help and comments point at pages (``docs/reference/cli.md``): a
     page moved leaves none of them pointing at nothing."""
     others = {"docs/gguf.md"}                     # ggml's own, named in formats/gguf.py
-    # split on another branch at the same time as the pages moved: its pointers are fixed
-    # when the two meet (remove the line then)
-    later = {ROOT / "tensorfs" / "mount" / "editable.py"}
     named: dict[str, str] = {}
     files = [*(ROOT / "tensorfs").rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "bench").rglob("*.py"),
              *(ROOT / "tools").glob("*"), *(ROOT / "examples").glob("*"), ROOT / "Makefile"]
     for path in files:
-        if path.is_file() and path not in later:
+        if path.is_file():
             for page in re.findall(r"(?<![\w/.-])docs/[\w/.-]+\.(?:md|png)", path.read_text()):
                 named.setdefault(page, str(path.relative_to(ROOT)))
     missing = sorted(f"{page} ({where})" for page, where in named.items()
