@@ -252,7 +252,7 @@ def _load(args, budget, settings, in_daemon: bool = False):
 
         objects.serve_here()            # this process serves: obstore runs here, no helper
     with no_gc_while_building():
-        model = load_model(args.model, settings)
+        model = load_model(args.model, settings, budget.cache)
         for notice in settings.notices() if settings is not None else ():
             say("warning", notice)     # tensorfs.sources.remote: what the terminal must hear once
         mounted = build_mount(model, budget, args.layout, args.views, workers=args.workers)
