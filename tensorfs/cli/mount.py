@@ -184,7 +184,7 @@ def cmd_mount(args) -> int:
     # the fork: no thread may be importing then)
     fuse_loaded = threading.Thread(target=_load_fuse, name="tensorfs-load-fuse", daemon=True)
     fuse_loaded.start()
-    from tensorfs.budget import MemoryBudget
+    from tensorfs.budget import MemoryBudget, remote_problem
 
     mountpoint = check_mountpoint(args.mountpoint, args.model)
     inherited.discard(descriptor_of(mountpoint))   # /dev/fd/N: the mount itself, kept
@@ -195,6 +195,9 @@ def cmd_mount(args) -> int:
     try:
         budget = MemoryBudget(args.cache_size)     # --cache-size, split once (budget.py)
         settings = settings_of(args, budget.cache)
+        problem = remote_problem(args.cache_size) if settings is not None else None
+        if problem is not None:
+            raise UserError(problem)
         if in_daemon:
             loaded, info = None, {"source": shown_source(args.model)}
         else:
@@ -249,7 +252,7 @@ def _load(args, budget, settings, in_daemon: bool = False):
 
         objects.serve_here()            # this process serves: obstore runs here, no helper
     with no_gc_while_building():
-        model = load_model(args.model, settings)
+        model = load_model(args.model, settings, budget.cache)
         for notice in settings.notices() if settings is not None else ():
             say("warning", notice)     # tensorfs.sources.remote: what the terminal must hear once
         mounted = build_mount(model, budget, args.layout, args.views, workers=args.workers)

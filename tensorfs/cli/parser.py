@@ -180,8 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "mount is what cp -r of it writes")
     mount.add_argument("--cache-size", type=cache_size, default=parse_size(DEFAULT_CACHE_SIZE),
                        metavar="SIZE", help="memory kept for generated content (converted .npy "
-                       "views, metadata files) and a URL's fetched blocks, e.g. 512M, 2G; "
-                       f"{MIN_CACHE_SIZE} or more (default {DEFAULT_CACHE_SIZE})")
+                       "views, metadata files) and a URL's fetched blocks, all caches together, "
+                       f"e.g. 512M, 2G; {MIN_CACHE_SIZE} or more, 8M for a URL (default "
+                       f"{DEFAULT_CACHE_SIZE})")
     mount.add_argument("--workers", type=worker_count, default=None, metavar="N",
                        help="processes converting quantized tensors (default: as many as pay "
                             "on this machine, none on 2 CPUs; 0: convert in the daemon's threads)")

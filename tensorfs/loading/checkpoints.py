@@ -38,12 +38,14 @@ from tensorfs.formats.pytorch import ITEMSIZE
 from tensorfs.model import Model, ModelFile, TensorInfo
 from tensorfs.sources.source import Source
 
-# A non-contiguous tensor up to this size is gathered whole at its first read and kept (in
-# _GATHERED): the reads of a transposed matrix each touch all of its storage.  A larger one is gathered per
-# read, from the span of its storage the rows the read asks for reach.
+# A non-contiguous tensor up to this size, and a quarter of the cache it is kept in, is
+# gathered whole at its first read and kept: the reads of a transposed matrix each touch all
+# of its storage.  A larger one is gathered per read, from the span of its storage the rows
+# the read asks for reach.
 GATHER_KEEP_BYTES = 64 << 20
-# the gathered tensors kept, the most recently read first, GATHER_KEEP_BYTES in all (per
-# daemon: a checkpoint of a hundred transposed matrices does not keep them all)
+# the gathered tensors kept where no cache is given (a mount gives its own, --cache-size:
+# tensorfs.budget), the most recently read first, GATHER_KEEP_BYTES in all (per process: a
+# checkpoint of a hundred transposed matrices does not keep them all)
 _GATHERED = ByteLRU(GATHER_KEEP_BYTES)
 # Storage read at once while gathering, where a tensor's rows allow (a transposed matrix's
 # first row reaches all of its storage: that is read whole)
@@ -141,10 +143,11 @@ class _Gathered:
         return self._read_into(offset, buf)
 
 
-def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
+def _gather_piece(start: int, t: TensorInfo, source: Source, kept: ByteLRU) -> Piece:
     """The bytes of a non-contiguous tensor in row-major order: rows of its first dimension
     gathered from the span of its storage they reach (numpy's strided view of those bytes,
-    made contiguous), a few MiB of storage at a time where the rows allow."""
+    made contiguous), a few MiB of storage at a time where the rows allow.  ``kept``: the
+    cache a tensor gathered whole is kept in."""
     # numpy with the mount of a checkpoint that has such a tensor (a mount of anything
     # else does without it: docs/internals/copylimit.md), not in the middle of a read
     from tensorfs.runtime.libraries import np
@@ -157,7 +160,7 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
     row_bytes = row_elements * item
     row_extent = sum((d - 1) * s for d, s in zip(shape[1:], strides[1:])) + 1   # elements
     per_batch = max(1, GATHER_SPAN_BYTES // max(1, strides[0] * item))
-    key = object()                  # this tensor's entry in _GATHERED
+    key = object()                  # this tensor's entry in ``kept``
 
     def rows(r0: int, r1: int) -> bytes:
         out = []
@@ -174,8 +177,8 @@ def _gather_piece(start: int, t: TensorInfo, source: Source) -> Piece:
 
     def read_into(offset, buf):
         n = len(buf)
-        if t.nbytes <= GATHER_KEEP_BYTES:
-            whole = _GATHERED.get(key, lambda: rows(0, shape[0]))
+        if t.nbytes <= min(GATHER_KEEP_BYTES, kept.max_bytes // 4):
+            whole = kept.get(key, lambda: rows(0, shape[0]))
             buf[:] = whole[offset:offset + n]
             return n
         r0 = offset // row_bytes
@@ -191,9 +194,11 @@ def _same_view(t: TensorInfo) -> tuple:
     return (t.file, t.offset, t.dtype, t.shape, t.strides)
 
 
-def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
+def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str,
+                       gathered: ByteLRU | None = None):
     """(the composed file; its ModelFile: ``checkpoint``'s path, every key of the checkpoint
-    at its offset in the composed file; the names the composed file holds)."""
+    at its offset in the composed file; the names the composed file holds).  ``gathered``: where
+    gathered tensors are kept (default: this process's own, ``_GATHERED``)."""
     kept: dict[tuple, TensorInfo] = {}
     for t in sorted(checkpoint.tensors, key=lambda t: t.name):
         kept.setdefault(_same_view(t), t)
@@ -219,7 +224,7 @@ def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
         if t.strides is None:
             pieces.append(Piece(start, t.nbytes, source, t.offset))
         else:
-            pieces.append(_gather_piece(start, t, source))
+            pieces.append(_gather_piece(start, t, source, gathered if gathered is not None else _GATHERED))
         start += t.nbytes
     composed_file = safetensors.parse_safetensors(head, len(head) + start, path=path,
                                                   mtime=checkpoint.mtime)
@@ -235,11 +240,12 @@ def compose_checkpoint(checkpoint: ModelFile, source: Source, path: str):
             [t.name for t in written])
 
 
-def served(model: Model) -> Model:
+def served(model: Model, gathered: ByteLRU | None = None) -> Model:
     """``model`` as a mount serves it: each checkpoint's ``ModelFile`` (same path, format
     "pytorch") describes its composed safetensors file, whose ``ComposedSource`` takes the
     checkpoint's place in ``model.sources``; a sharded one's ``model.safetensors.index.json``
-    is a source of its own.  Any other model: itself."""
+    is a source of its own.  Any other model: itself.  ``gathered``: where gathered tensors are
+    kept (a mount's cache)."""
     if not model.files or model.files[0].format != "pytorch":
         return model
     sources = dict(model.sources)
@@ -249,7 +255,7 @@ def served(model: Model) -> Model:
     for f in model.files:
         checkpoint = sources[f.path]
         name = os.path.join(os.path.dirname(f.path), safetensors_name(os.path.basename(f.path)))
-        composed, composed_file, written = compose_checkpoint(f, checkpoint, f.path)
+        composed, composed_file, written = compose_checkpoint(f, checkpoint, f.path, gathered)
         written_names[f.path] = written
         sources[f.path] = ComposedSource(name, composed, checkpoint)
         files.append(composed_file)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tensorfs.cache import ByteLRU
 from tensorfs.loading import checkpoints, shards
 from tensorfs.loading.wholefiles import find_companions
 from tensorfs.model import Model
@@ -25,12 +26,13 @@ def location_for(path: str, remote=None):
     return LocalLocation()
 
 
-def load_model(path: str, remote=None) -> Model:
+def load_model(path: str, remote=None, cache: ByteLRU | None = None) -> Model:
     """The model a mount of ``path`` serves: one file, or the shards an index, a split
     GGUF's first shard or a directory stands for (``tensorfs.loading.shards``); ``path`` may be a
     URL, read as ``remote`` (a ``tensorfs.sources.remote.RemoteSettings``) says.  ``Model.sources``
     holds each file's source, opened once and parsed from: the mount serves from them
-    (``Model.close()`` when done)."""
+    (``Model.close()`` when done).  ``cache``: what a checkpoint's gathered tensors are kept
+    in (a mount's, ``--cache-size``)."""
     location = location_for(path, remote)
     named = location.normalize(path)
     try:
@@ -42,7 +44,7 @@ def load_model(path: str, remote=None) -> Model:
         raise
     model = location.attach(model)
     try:
-        model = checkpoints.served(model)       # a PyTorch checkpoint: as safetensors
+        model = checkpoints.served(model, cache)    # a PyTorch checkpoint: as safetensors
     except BaseException:
         model.close()
         for companion in companions:

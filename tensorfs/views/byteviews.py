@@ -601,6 +601,9 @@ class ConvertedView(View):
                 ahead = threads = pool.size + 1
             else:
                 ahead, threads = READ_AHEAD_CHUNKS, READ_AHEAD_WORKERS
+            # no more ahead than the store keeps besides the chunk being read: a chunk
+            # converted ahead must not push out the one read now (a small --cache-size)
+            ahead = min(ahead, self.stream.max_bytes // self.chunk_out - 1)
             executor = _read_ahead_executor(threads)
             for index in range(last_chunk + 1, last_chunk + ahead + 1):
                 self._read_ahead(index, executor)

@@ -254,3 +254,17 @@ def test_a_model_as_mount_point_is_taken_for_swapped_arguments(tmp_path):
     write_safetensors(other)
     line = _assert_one_error_line(run_tensorfs("mount", model, other))
     assert "not a directory" in line and "looks like a model" in line
+
+
+@pytest.mark.parametrize("size", ["64K", "4M", "8388607"])
+def test_a_cache_size_too_small_for_a_remote_model_is_refused_naming_the_minimum(size, tmp_path):
+    """A remote model's cache holds the block being read and the one fetched ahead of it
+    (tensorfs.budget.REMOTE_MIN_BYTES): less is refused before any request, in one line."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_tensorfs("mount", "http://127.0.0.1:9/m.safetensors", mnt, "--cache-size", size,
+                          "--timeout", "2")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "too small for a remote model" in lines[0] and "8M or more" in lines[0], lines
+    assert not os.listdir(mnt)

@@ -46,7 +46,7 @@ def test_mounts_sharing_a_disk_cache_read_right_under_concurrent_readers_and_evi
     copy = server.put("files/copy/big.safetensors", big.local)
     cache = tmp_path / "cache"
     size = 6 * MiB                                      # a fraction of what is read: evicts
-    mounts = [rmount(url, "--disk-cache", f"{cache}:6M", "--cache-size", "4M")
+    mounts = [rmount(url, "--disk-cache", f"{cache}:6M", "--cache-size", "8M")
               for url in (same, same, copy)]
     assert 2 * big.local.stat().st_size > 3 * size             # two keys: more than fits
     # 6 readers: two per mount, each reading every tensor (raw and .npy) twice; DIR is
