@@ -295,6 +295,8 @@ class Companions(tuple):
 
     refused: tuple = ()
     directories: tuple = ()
+    gguf_files: tuple = ()              # the converter's GGUF files (tensorfs.hfgguf)
+    gguf_note: str | None = None        # why none is offered, one line
 
     def say_refused(self) -> None:
         for path, why in self.refused:
@@ -565,4 +567,7 @@ def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileV
             views[_basename(path)] = WholeFileView(source=source)
     for companion in model.companions:
         views.setdefault(companion.name, WholeFileView(companion=companion))
+    if isinstance(model.companions, Companions):
+        for gguf_file in model.companions.gguf_files:
+            views.setdefault(gguf_file.name, WholeFileView(source=gguf_file))
     return dict(sorted(views.items()))
