@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -553,8 +554,100 @@ class Qwen3(Qwen2):
         return Arch.modify(self, name, t, bid)
 
 
+class Gemma3(Arch):
+    hf_names = ("Gemma3ForCausalLM",)
+    gguf_arch = "GEMMA3"
+    n_vocab: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        if self.hparams.get("attn_logit_softcapping") is not None:
+            raise NoGguf("config.json sets attn_logit_softcapping, which Gemma 3 has not")
+
+    def set_vocab_count(self, fields) -> None:
+        """``modify_tensors``: the rows of token_embd kept, the vocabulary's tokens (from
+        tokenizer.model: the token list written; else tokenizer.json's vocab and added
+        tokens)."""
+        if self.read("tokenizer.model") is not None:
+            self.n_vocab = self.vocab_count(fields)
+            return
+        raw = self.read("tokenizer.json")
+        if raw is None:
+            raise NoGguf("no tokenizer.model nor tokenizer.json")
+        doc = json.loads(raw)
+        self.n_vocab = len(doc["model"]["vocab"]) + len(doc["added_tokens"])
+
+    def modify(self, name: str, t: OutTensor, bid: int | None) -> list[OutTensor]:
+        if "embed_tokens.weight" in name and self.n_vocab is not None:
+            n = self.n_vocab
+            rows = t.shape[0]
+            keep = rows if n == -1 else min(max(0, n if n >= 0 else rows + n), rows)
+            t.shape = (keep,) + t.shape[1:]
+        if name.endswith("norm.weight"):
+            t.shift = 1.0
+        return super().modify(name, t, bid)
+
+    def set_gguf_parameters(self, w, ftype) -> None:
+        super().set_gguf_parameters(w, ftype)
+        h = self.hparams
+        w.add_context_length(h.get("max_position_embeddings", 131072))
+        w.add_head_count(h.get("num_attention_heads", 8))
+        w.add_layer_norm_rms_eps(h.get("rms_norm_eps", 1e-6))
+        w.add_key_length(h.get("head_dim", 256))
+        w.add_value_length(h.get("head_dim", 256))
+        w.add_rope_freq_base(self.rope_parameters.get("full_attention", self.rope_parameters)
+                             .get("rope_theta", 1_000_000.0))
+        if (softcap := h.get("final_logit_softcapping")):
+            w.add_final_logit_softcapping(softcap)
+        if h.get("sliding_window_pattern") != 1:
+            w.add_sliding_window(h["sliding_window"])
+        w.add_head_count_kv(h.get("num_key_value_heads", 4))
+
+
+class Bert(Arch):
+    hf_names = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+    gguf_arch = "BERT"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        labels = self.hparams.get("id2label")
+        self.labels: dict[int, str] | None = None
+        if isinstance(labels, dict) and labels:
+            labels = {int(k): v for k, v in labels.items()}
+            if not (len(labels) == 2 and labels.get(0) == "LABEL_0"):
+                self.labels = labels
+
+    def filter_tensor(self, name: str) -> str | None:
+        if name.startswith("bert."):
+            name = name[5:]
+        if name.endswith(".gamma"):
+            name = name[:-6] + ".weight"
+        if name.endswith(".beta"):
+            name = name[:-5] + ".bias"
+        if name in ("embeddings.position_ids", "pooler.dense.weight", "pooler.dense.bias"):
+            return None
+        if name.startswith(("cls.predictions", "cls.seq_relationship")):
+            return None
+        return super().filter_tensor(name)
+
+    def modify(self, name: str, t: OutTensor, bid: int | None) -> list[OutTensor]:
+        if self.labels:
+            if name == "classifier.weight":
+                name = "classifier.out_proj.weight"
+            if name == "classifier.bias":
+                name = "classifier.out_proj.bias"
+        return super().modify(name, t, bid)
+
+    def set_gguf_parameters(self, w, ftype) -> None:
+        super().set_gguf_parameters(w, ftype)
+        w.add_causal_attention(False)
+        self.pooling_type(w)
+        if self.labels:
+            w.add_classifier_output_labels([v for _, v in sorted(self.labels.items())])
+
+
 ARCHS: dict[str, type[Arch]] = {}
-for _cls in (Llama, Qwen2, Qwen3):
+for _cls in (Llama, Qwen2, Qwen3, Gemma3, Bert):
     for _name in _cls.hf_names:
         ARCHS[_name] = _cls
 
@@ -638,8 +731,6 @@ def plan_tensors(arch: Arch, ordered: list[tuple[str, TensorInfo]], ftype,
                 bid = int(part)
                 break
         for new in arch.modify(name, t, bid):
-            if arch.gguf_arch == "GEMMA3" and n_vocab is not None:
-                pass
             new.qtype = choose_qtype(arch, new, bid, ftype)
             if new.name in seen:
                 raise NoGguf(f"two tensors map to {new.name}")
@@ -750,6 +841,8 @@ def plan(read: Read, files: list[tuple[str, str, list[TensorInfo]]], dir_name: s
             names.add(name)
             ordered.append((name, t))
     fields = vocab(read, arch.hparams, hf_arch)
+    if isinstance(arch, Gemma3):
+        arch.set_vocab_count(fields)
     own = own_outtype(ordered)
     plans = []
     for outtype in (outtypes or (own, "q8_0")):
@@ -766,6 +859,9 @@ def _write_plan(arch: Arch, tensors: list[OutTensor], ftype, fields, read: Read,
     import gguf
     import numpy as np
 
+    # gguf-py says at INFO what it writes, and warns of the keys a model class sets twice
+    # (Gemma 3's): the converter's output, not ours to log
+    logging.getLogger("gguf.gguf_writer").setLevel(logging.ERROR)
     w = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[arch.model_arch])
     for t in tensors:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes,
