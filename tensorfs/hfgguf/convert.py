@@ -487,39 +487,30 @@ class Llama(Arch):
         base = rope.get("rope_theta", 10000.0)
         if (dim := self.hparams.get("head_dim")) is None:
             dim = self.hparams["hidden_size"] // self.hparams["num_attention_heads"]
-        freqs = rope_inv_freqs(base, dim)
+        f32 = np.float32
+        exponent = np.arange(0, dim, 2, dtype=f32) / f32(dim)
+        freqs = f32(1.0) / np.power(f32(base), exponent).astype(f32)
         factor = rope.get("factor", 8.0)
         low = rope.get("low_freq_factor", 1.0)
         high = rope.get("high_freq_factor", 4.0)
         old = rope.get("original_max_position_embeddings", 8192)
         low_wavelen = old / low
         high_wavelen = old / high
-        factors: list[float] = []
+        # torch computes each step in float32 (a tensor element and a Python number)
+        factors: list = []
         for freq in freqs:
-            wavelen = 2 * math.pi / freq
+            wavelen = f32(f32(2 * math.pi) / freq)
             if wavelen < high_wavelen:
                 factors.append(1)
             elif wavelen > low_wavelen:
                 factors.append(factor)
             else:
-                smooth = (old / wavelen - low) / (high - low)
-                factors.append(1 / ((1 - smooth) / factor + smooth))
+                smooth = f32(f32(f32(old) / wavelen) - f32(low)) / f32(high - low)
+                factors.append(f32(1) / (f32(f32(1) - f32(smooth)) / f32(factor) + f32(smooth)))
         import gguf
         values = np.array(factors, dtype=np.float32)
         name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
         return [(name, OutTensor(name, 0, values.shape, None, values=values))]
-
-
-def rope_inv_freqs(base: float, dim: int) -> list:
-    """``1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))`` in float32,
-    each element a torch float32 scalar (the loop then computes in Python floats from
-    them)."""
-    import numpy as np
-    arange = np.arange(0, dim, 2, dtype=np.float32)
-    exponent = (arange / np.float32(dim)).astype(np.float32)
-    powered = np.power(np.float32(base), exponent, dtype=np.float32)
-    inv = (np.float32(1.0) / powered).astype(np.float32)
-    return [float(x) for x in inv]
 
 
 class Qwen2(Arch):

@@ -1,0 +1,200 @@
+"""A Hugging Face model directory's files/ serves the GGUF files llama.cpp's converter writes,
+byte for byte (issue 44).  The oracle is the converter itself (convert_hf_to_gguf.py as
+vendored in llama-cpp-python 0.3.36, in its own virtualenv: ``make convert-oracle``, named by
+TENSORFS_CONVERT_ORACLE); each architecture's tiny random-weight model is converted once per
+module, to the source's own type and to q8_0, and the mounted files are compared with ``cmp``
+(on a difference: the first differing key or tensor, read by GGUFReader)."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.hfgguf.compare import first_difference
+from tests.hfgguf.tiny import write_bert, write_gemma3, write_llama, write_qwen
+from tests.support import mounts_in, run_tensorfs
+
+ORACLE_ENV = "TENSORFS_CONVERT_ORACLE"
+
+
+def oracle() -> Path:
+    named = os.environ.get(ORACLE_ENV)
+    if not named:
+        pytest.skip(f"{ORACLE_ENV} is not set: `make convert-oracle` builds llama.cpp's "
+                    "converter (the oracle) and `make test` names it")
+    root = Path(named)
+    assert (root / "bin" / "convert").exists(), f"{ORACLE_ENV}={named}: no bin/convert there"
+    return root
+
+
+def tokenizer(directory: Path, kind: str) -> None:
+    """A real tokenizer of ``kind`` in ``directory`` (tests/support/hf_tokenizers.py)."""
+    from tests.support.hf_tokenizers import write_tokenizer
+    write_tokenizer(directory, kind)
+
+
+def vocab_size(directory: Path) -> int:
+    """The tokenizer's size: tokenizer.json's vocabulary and added tokens (or vocab.txt's
+    lines), what config.json's vocab_size must cover."""
+    if (directory / "tokenizer.model").exists() and not (directory / "tokenizer.json").exists():
+        return 96
+    path = directory / "tokenizer.json"
+    if path.exists():
+        doc = json.loads(path.read_text())
+        ids = list(doc["model"]["vocab"].values()) if isinstance(doc["model"]["vocab"], dict) \
+            else list(range(len(doc["model"]["vocab"])))
+        ids += [t["id"] for t in doc.get("added_tokens", [])]
+        return max(ids) + 1
+    return len((directory / "vocab.txt").read_text().splitlines())
+
+
+def convert(src: Path, outtype: str, out: Path) -> Path:
+    """The oracle's file for ``src`` in ``outtype``, under its default name in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    before = set(out.iterdir())
+    result = subprocess.run([str(oracle() / "bin" / "convert"), str(src), "--outtype", outtype,
+                             "--outfile", str(out)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    made = sorted(set(out.iterdir()) - before)
+    assert len(made) == 1, made
+    return made[0]
+
+
+WRITERS = {
+    "llama": (lambda d, n: write_llama(d, n), "llama-spm", "SmolTest-135M-Instruct"),
+    "llama3": (lambda d, n: write_llama(
+        d, n, hidden_size=32, intermediate_size=64, tie_word_embeddings=True,
+        rope_theta=500000.0, bos_token_id=128000, eos_token_id=128009,
+        rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+        "llama-bpe", "Llama-3.2-Tiny-Instruct"),
+    "qwen2": (lambda d, n: write_qwen(d, n, hidden_size=32, intermediate_size=64,
+                                      tie_word_embeddings=True), "qwen2", "Qwen2.5-Tiny-Instruct"),
+    "qwen3": (lambda d, n: write_qwen(d, n, qwen3=True, hidden_size=32, intermediate_size=64,
+                                      tie_word_embeddings=True), "qwen2", "Qwen3-Tiny"),
+    "gemma3": (lambda d, n: write_gemma3(d, n), "gemma3", "gemma-3-tiny-it"),
+    "bert": (lambda d, n: write_bert(d, n), "bert", "all-MiniLM-tiny-v2"),
+}
+
+
+class Converted:
+    """One architecture's tiny model, its directory and the oracle's two files."""
+
+    def __init__(self, root: Path, arch: str):
+        write, kind, name = WRITERS[arch]
+        self.dir = root / name
+        self.dir.mkdir(parents=True)
+        tokenizer(self.dir, kind)
+        write(self.dir, vocab_size(self.dir))
+        if arch == "bert":                     # sentence-transformers' pooling
+            (self.dir / "modules.json").write_text(json.dumps([
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling",
+                 "type": "sentence_transformers.models.Pooling"}]))
+            (self.dir / "1_Pooling").mkdir(exist_ok=True)
+            (self.dir / "1_Pooling" / "config.json").write_text(json.dumps(
+                {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True}))
+        own = {"BF16": "bf16", "F16": "f16", "F32": "f32"}[
+            "F32" if arch == "bert" else "BF16"]
+        self.expected = [convert(self.dir, own, root / "out"),
+                         convert(self.dir, "q8_0", root / "out")]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    made: dict[str, Converted] = {}
+
+    def get(arch: str) -> Converted:
+        if arch not in made:
+            made[arch] = Converted(tmp_path_factory.mktemp(arch), arch)
+        return made[arch]
+    return get
+
+
+@pytest.fixture(scope="module")
+def module_mount(tmp_path_factory):
+    yield from mounts_in(tmp_path_factory.mktemp("mnt"))
+
+
+def _same(expected: Path, served: Path) -> None:
+    assert served.stat().st_size == expected.stat().st_size, first_difference(expected, served)
+    if not filecmp.cmp(expected, served, shallow=False):
+        pytest.fail(f"{served.name}: {first_difference(expected, served)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "gemma3", "bert"])
+def test_files_serve_the_converters_gguf(arch, converted, module_mount):
+    """ls shows both files with their size before any read; each is cmp-equal to the
+    converter's."""
+    oracle()
+    model = converted(arch)
+    mnt = module_mount(model.dir)
+    listed = sorted(os.listdir(mnt / "files"))
+    for expected in model.expected:
+        assert expected.name in listed, (expected.name, listed)
+        assert (mnt / "files" / expected.name).stat().st_size == expected.stat().st_size
+    for expected in model.expected:
+        _same(expected, mnt / "files" / expected.name)
+    # a whole-file comparison with the command line's cmp too
+    result = subprocess.run(["cmp", str(model.expected[0]), str(mnt / "files" / model.expected[0].name)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_inspect_says_which_gguf_files_are_offered(converted, tmp_path):
+    oracle()
+    model = converted("llama")
+    result = run_tensorfs("inspect", model.dir)
+    assert result.returncode == 0, result.stderr
+    for expected in model.expected:
+        assert expected.name in result.stdout
+
+
+BAD = {
+    "architecture": (lambda c: c.update(architectures=["FalconForCausalLM"]), "architecture FalconForCausalLM"),
+    "quantized": (lambda c: c.update(quantization_config={"quant_method": "gptq"}), "quantization_config"),
+    "moe": (lambda c: c.update(num_local_experts=8), "experts"),
+    "heads": (lambda c: c.update(num_attention_heads=5), "head"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_directory_the_converter_refuses_still_serves_its_tensors(bad, converted, tmp_path, mount):
+    """config.json lies, or names what is not offered: the mount serves as without the
+    feature, and inspect says why in one line."""
+    model = converted("llama")
+    d = tmp_path / "model"
+    shutil.copytree(model.dir, d)
+    config = json.loads((d / "config.json").read_text())
+    change, said = BAD[bad]
+    change(config)
+    (d / "config.json").write_text(json.dumps(config))
+    result = run_tensorfs("inspect", d)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "GGUF" in line]
+    assert len(lines) == 1 and said in lines[0], result.stdout
+    mnt = mount(d)
+    names = os.listdir(mnt / "files")
+    assert not [n for n in names if n.endswith(".gguf")], names
+    assert (mnt / "files" / "model.safetensors").read_bytes() == (d / "model.safetensors").read_bytes()
+
+
+def test_a_missing_tokenizer_still_serves_the_tensors(converted, tmp_path, mount):
+    model = converted("llama")
+    d = tmp_path / "model"
+    shutil.copytree(model.dir, d)
+    for name in ("tokenizer.model", "tokenizer.json"):
+        (d / name).unlink(missing_ok=True)
+    result = run_tensorfs("inspect", d)
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stdout.splitlines() if "GGUF" in line]) == 1
+    mnt = mount(d)
+    assert not [n for n in os.listdir(mnt / "files") if n.endswith(".gguf")]
