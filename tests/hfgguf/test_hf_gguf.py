@@ -198,3 +198,84 @@ def test_a_missing_tokenizer_still_serves_the_tensors(converted, tmp_path, mount
     assert len([line for line in result.stdout.splitlines() if "GGUF" in line]) == 1
     mnt = mount(d)
     assert not [n for n in os.listdir(mnt / "files") if n.endswith(".gguf")]
+
+
+def _sharded(src: Path, d: Path) -> None:
+    """``src``'s model in two shards with an index, as save_pretrained writes them."""
+    from safetensors import safe_open
+
+    from tests.hfgguf.tiny import write_safetensors
+    d.mkdir()
+    for p in src.iterdir():
+        if p.is_file() and p.name != "model.safetensors":
+            shutil.copy(p, d / p.name)
+    with safe_open(str(src / "model.safetensors"), "numpy") as f:
+        names = list(f.keys())
+    raw = (src / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    base = 8 + int.from_bytes(raw[:8], "little")
+    tensors = {n: (header[n]["dtype"], tuple(header[n]["shape"]),
+                   raw[base + header[n]["data_offsets"][0]:base + header[n]["data_offsets"][1]])
+               for n in names}
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        write_safetensors(d / shard, {n: tensors[n] for n in part})
+        weight_map.update({n: shard for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": sum(len(t[2]) for t in tensors.values())},
+         "weight_map": weight_map}))
+
+
+def _checkpoint(src: Path, d: Path) -> None:
+    """``src``'s model as a PyTorch checkpoint (pytorch_model.bin), its keys in another
+    order, written by the oracle's torch."""
+    d.mkdir()
+    for p in src.iterdir():
+        if p.is_file() and p.name != "model.safetensors":
+            shutil.copy(p, d / p.name)
+    script = ("import sys, torch\nfrom safetensors.torch import load_file\n"
+              "sd = load_file(sys.argv[1])\n"
+              "torch.save({k: sd[k] for k in sorted(sd, reverse=True)}, sys.argv[2])\n")
+    subprocess.run([str(oracle() / "venv" / "bin" / "python"), "-c", script,
+                    str(src / "model.safetensors"), str(d / "pytorch_model.bin")], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["sharded", "checkpoint"])
+def test_sharded_and_checkpoint_directories(form, converted, tmp_path, mount):
+    """Shards with an index, and a PyTorch checkpoint (served through its composed
+    safetensors' tensors): the GGUF is still the converter's, byte for byte."""
+    model = converted("llama")
+    d = tmp_path / model.dir.name
+    (_sharded if form == "sharded" else _checkpoint)(model.dir, d)
+    expected = [convert(d, "bf16", tmp_path / "out"), convert(d, "q8_0", tmp_path / "out")]
+    mnt = mount(d)
+    for e in expected:
+        _same(e, mnt / "files" / e.name)
+
+
+@pytest.mark.clients
+def test_llama_cpp_generates_the_same_from_the_mounted_file(converted, module_mount):
+    """llama.cpp loads the mounted GGUF and the converter's and gives the same tokens and
+    logits."""
+    pytest.importorskip("llama_cpp")
+    import numpy as np
+    from llama_cpp import Llama
+
+    model = converted("llama")
+    mnt = module_mount(model.dir, name="client")
+    results = []
+    for path in (model.expected[0], mnt / "files" / model.expected[0].name):
+        llm = Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
+                    seed=0)
+        tokens = llm.tokenize(b"Hello world", add_bos=True)
+        llm.eval(tokens)
+        logits = np.array(llm.scores[:llm.n_tokens])
+        out = llm(prompt="Hello", max_tokens=8, temperature=0.0)
+        results.append((tokens, logits, out["choices"][0]["text"]))
+        llm.close()
+    assert results[0][0] == results[1][0]
+    assert np.array_equal(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2]
