@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tensorfs.model import TensorInfo
@@ -188,12 +188,6 @@ def model_architecture(hparams: dict) -> str:
     if not isinstance(arch, str):
         raise NoGguf("config.json names no architecture")
     return arch
-
-
-def part_order(files: Sequence[str], formats: Mapping[str, str]) -> list[str]:
-    """The model files in the converter's order: sorted by name (``get_model_part_names``
-    sorts; an index's parts are sorted too)."""
-    return sorted(files, key=lambda p: PurePosixPath(p).name)
 
 
 # -- architectures ---------------------------------------------------------------------------
@@ -768,7 +762,7 @@ def load_metadata(read: Read, hparams: dict, dir_name: str, total_params: int):
         except ValueError:
             gen = {}
     metadata = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), card, hparams,
-                                                      PurePosixPath(dir_name), total_params)
+                                                      Path(dir_name), total_params)
     if gen:
         for attr, key in (("sampling_sequence", "sequence"), ("sampling_top_k", "top_k"),
                           ("sampling_top_p", "top_p"), ("sampling_min_p", "min_p"),
@@ -819,10 +813,10 @@ def plan(read: Read, files: list[tuple[str, str, list[TensorInfo]]], dir_name: s
     # checkpoint's in its own order), each name through filter_tensors
     ordered: list[tuple[str, TensorInfo]] = []
     names: set[str] = set()
-    for _path, fmt, tensors in sorted(files, key=lambda f: PurePosixPath(f[0]).name):
+    for _path, fmt, infos in sorted(files, key=lambda f: PurePosixPath(f[0]).name):
         if fmt not in ("safetensors", "pytorch"):
             raise NoGguf(f"a {fmt} model: the converter reads safetensors and checkpoints")
-        listed = tensors if fmt == "pytorch" else sorted(tensors, key=lambda t: t.name)
+        listed = infos if fmt == "pytorch" else sorted(infos, key=lambda t: t.name)
         for t in listed:
             name = arch.filter_tensor(t.name)
             if name is None:

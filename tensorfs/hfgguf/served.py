@@ -149,13 +149,13 @@ def compose(plan: Plan, sources: dict, path: str) -> ComposedFile:
     for t in plan.tensors:
         at += -at % plan.alignment
         source = sources[t.source.file] if t.source is not None else None
-        reader: object
+        reader: _Rows | _Computed
         if t.copied and t.perm is None:
             assert t.source is not None
             pieces.append(Piece(at, t.nbytes, source, t.source.offset))
         else:
             reader = _Rows(t, source) if t.copied else _Computed(t, source)
-            pieces.append(Piece(at, t.nbytes, reader, 0))        # type: ignore[arg-type]
+            pieces.append(Piece(at, t.nbytes, reader, 0))
         placed.append((t, at))
         at += t.nbytes
     at += -at % plan.alignment if plan.tensors else 0
@@ -186,7 +186,7 @@ class GgufSource(Source):
         self.version = like.version
 
     @property
-    def broken(self):                               # type: ignore[override]
+    def broken(self):
         return self.like.broken
 
     def read_into(self, offset: int, buf, span=None) -> int:

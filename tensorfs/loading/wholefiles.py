@@ -320,7 +320,7 @@ def _close_least_recent() -> None:
                 source.close()
 
 
-def find_companions(named: str, model, location) -> tuple[Companion, ...]:
+def find_companions(named: str, model, location) -> Companions:
     """The companions of ``model``, loaded from ``named`` through ``location``: none for a
     model file given directly (a split GGUF's splits are all model files); the index for an
     index; a directory's regular files that are not model files, each name passing
