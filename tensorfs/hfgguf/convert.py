@@ -66,13 +66,14 @@ class OutTensor:
         """The bytes are the source's (rows gathered, maybe): no arithmetic."""
         if self.source is None or self.shift:
             return False
-        from gguf import GGMLQuantizationType as Q
+        from tensorfs.runtime.libraries import gguf
+        Q = gguf.GGMLQuantizationType
         return {"BF16": Q.BF16, "F16": Q.F16, "F32": Q.F32}.get(self.source.dtype) == self.qtype
 
 
 def row_bytes(qtype: int, cols: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    from tensorfs.runtime.libraries import gguf
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     return cols // block * size
 
 
@@ -203,7 +204,7 @@ class Arch:
         if "text_config" in hparams and isinstance(hparams["text_config"], dict):
             hparams = {**hparams, **hparams["text_config"]}
         self.hparams = hparams
-        import gguf
+        from tensorfs.runtime.libraries import gguf
         self.model_arch = getattr(gguf.MODEL_ARCH, self.gguf_arch)
         self.block_count = self.find_hparam(["n_layers", "num_hidden_layers", "n_layer",
                                              "num_layers"])
@@ -299,7 +300,7 @@ class Arch:
     # -- metadata ----------------------------------------------------------------------------
     def set_gguf_parameters(self, w, ftype) -> None:
         """``TextModel.set_gguf_parameters``."""
-        import gguf
+        from tensorfs.runtime.libraries import gguf
         w.add_block_count(self.block_count)
         n_ctx = self.find_hparam(["max_position_embeddings", "n_ctx", "n_positions",
                                   "max_length", "max_sequence_length", "model_max_length"],
@@ -373,7 +374,7 @@ class Arch:
 
     def pooling_type(self, w) -> None:
         """``TextModel._try_set_pooling_type``."""
-        import gguf
+        from tensorfs.runtime.libraries import gguf
         pooling_path = None
         raw = self.read("modules.json")
         if raw is not None:
@@ -418,7 +419,7 @@ def permute_rows(rows: int, n_head: int) -> list[int]:
 
 
 class Llama(Arch):
-    hf_names = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel")
+    hf_names = ("LlamaForCausalLM", "LLaMAForCausalLM", "LlamaModel")
     gguf_arch = "LLAMA"
 
     def check(self) -> None:
@@ -476,7 +477,7 @@ class Llama(Arch):
         rope = self.rope_parameters.get("full_attention", self.rope_parameters)
         if not rope or str(rope.get("rope_type", "")).lower() != "llama3":
             return []
-        import numpy as np
+        from tensorfs.runtime.libraries import np
 
         base = rope.get("rope_theta", 10000.0)
         if (dim := self.hparams.get("head_dim")) is None:
@@ -501,7 +502,7 @@ class Llama(Arch):
             else:
                 smooth = f32(f32(f32(old) / wavelen) - f32(low)) / f32(high - low)
                 factors.append(f32(1) / (f32(f32(1) - f32(smooth)) / f32(factor) + f32(smooth)))
-        import gguf
+        from tensorfs.runtime.libraries import gguf
         values = np.array(factors, dtype=np.float32)
         name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
         return [(name, OutTensor(name, 0, values.shape, None, values=values))]
@@ -649,7 +650,7 @@ _F32_KEYS = ("FFN_GATE_INP", "FFN_GATE_INP_SHEXP", "POS_EMBD", "TOKEN_TYPES", "S
 
 def _matches(arch: Arch, new_name: str, key: str, bid: int | None) -> bool:
     """``ModelBase.match_model_tensor_name`` (suffix ".weight")."""
-    import gguf
+    from tensorfs.runtime.libraries import gguf
     tensor = getattr(gguf.MODEL_TENSOR, key, None)
     if tensor is None or tensor not in gguf.MODEL_TENSORS[arch.model_arch]:
         return False
@@ -665,7 +666,7 @@ def _matches(arch: Arch, new_name: str, key: str, bid: int | None) -> bool:
 
 def choose_qtype(arch: Arch, t: OutTensor, bid: int | None, ftype) -> int:
     """``prepare_tensors``: the type a tensor is written in."""
-    import gguf
+    from tensorfs.runtime.libraries import gguf
     Q = gguf.GGMLQuantizationType
     F = gguf.LlamaFileType
     n_dims = len(t.shape)
@@ -699,7 +700,6 @@ def own_outtype(ordered: list[tuple[str, TensorInfo]]) -> str:
 
 def plan_tensors(arch: Arch, ordered: list[tuple[str, TensorInfo]], ftype,
                  n_vocab: int | None) -> list[OutTensor]:
-    import gguf
     out: list[OutTensor] = []
     seen: set[str] = set()
     items: list[tuple[str, OutTensor]] = list(arch.extra_tensors())
@@ -721,7 +721,6 @@ def plan_tensors(arch: Arch, ordered: list[tuple[str, TensorInfo]], ftype,
                 raise NoGguf(f"two tensors map to {new.name}")
             seen.add(new.name)
             out.append(new)
-    del gguf
     return out
 
 
@@ -752,7 +751,7 @@ def model_card(read: Read) -> dict:
 
 def load_metadata(read: Read, hparams: dict, dir_name: str, total_params: int):
     """``gguf.Metadata.load(None, dir_model, None, total_params)`` from the files' bytes."""
-    import gguf
+    from tensorfs.runtime.libraries import gguf
     card = model_card(read)
     gen: dict = {}
     raw = read("generation_config.json")
@@ -798,7 +797,7 @@ def plan(read: Read, files: list[tuple[str, str, list[TensorInfo]]], dir_name: s
     None), ``files`` its model files as (path, format, tensors in the file's order),
     ``dir_name`` its name (the converter's name heuristics read it).  ``NoGguf`` says why
     there is none."""
-    import gguf
+    from tensorfs.runtime.libraries import gguf
 
     raw = load_hparams(read)
     hparams = as_transformers_reads(raw)
@@ -807,6 +806,10 @@ def plan(read: Read, files: list[tuple[str, str, list[TensorInfo]]], dir_name: s
     if cls is None:
         raise NoGguf(f"architecture {hf_arch}: not offered here (llama, qwen2, qwen3, "
                      "gemma3 and bert are)")
+    model_type = raw.get("model_type")
+    if model_type not in CONFIG_DEFAULTS:
+        raise NoGguf(f"config.json's model_type {model_type!r}: the converter reads it through "
+                     "a transformers config class not mirrored here")
     arch = cls(hf_arch, hparams, read)
     arch.check()
     # index_tensors: the parts sorted by name, each part's tensors sorted by name (a
@@ -841,8 +844,7 @@ def _write_plan(arch: Arch, tensors: list[OutTensor], ftype, fields, read: Read,
                 hparams: dict, dir_name: str) -> Plan:
     """``ModelBase.write``: the tensor infos (prepare_tensors), then prepare_metadata's
     keys, then set_vocab's, then the header bytes as ``GGUFWriter`` writes them."""
-    import gguf
-    import numpy as np
+    from tensorfs.runtime.libraries import gguf, np
 
     # gguf-py says at INFO what it writes, and warns of the keys a model class sets twice
     # (Gemma 3's): the converter's output, not ours to log

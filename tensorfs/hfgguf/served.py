@@ -82,8 +82,8 @@ class _Computed:
         self.key = object()
 
     def _make(self, r0: int, r1: int) -> bytes:
-        import numpy as np
-        from gguf import GGMLQuantizationType, quants
+        from tensorfs.runtime.libraries import gguf, np
+        GGMLQuantizationType, quants = gguf.GGMLQuantizationType, gguf.quants
 
         t = self.t
         if t.values is not None:
