@@ -1,0 +1,180 @@
+"""The tokenizer fields of the HF-as-GGUF file against llama.cpp's converter itself:
+``convert_hf_to_gguf.py --vocab-only`` (``make convert-oracle``, named by
+TENSORFS_CONVERT_ORACLE) on a directory with a tiny config.json and a real tokenizer, read
+back with gguf's GGUFReader; every ``tokenizer.*`` field's key, order, type and value must be
+what ``vocab_fields`` gives.  Bad tokenizer files give NoVocab with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+
+from tensorfs.hfgguf.vocab import NoVocab, vocab_fields
+from tests.support.hf_tokenizers import oracle_dir, write_tokenizer
+
+pytestmark = pytest.mark.slow
+
+# The smallest config.json of each architecture the converter takes with --vocab-only, the
+# vocabulary sizes of the real models.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-bpe": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+                  "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+              "bos_token_id": 151643, "eos_token_id": 151645},
+    "llama-spm": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+                  "bos_token_id": 1, "eos_token_id": 2},
+    "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 384,
+               "bos_token_id": 2, "eos_token_id": [1, 15], "pad_token_id": 0},
+    "bert": {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "pad_token_id": 0,
+             "type_vocab_size": 2},
+}
+SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}
+
+# The kinds whose fields are compared with the converter's.
+KINDS = ["llama-bpe", "qwen2"]
+
+
+def _converter() -> Path:
+    root = oracle_dir()
+    if root is None:
+        pytest.skip("TENSORFS_CONVERT_ORACLE is unset: make convert-oracle (make test sets it)")
+    assert (root / "bin" / "convert").exists(), f"TENSORFS_CONVERT_ORACLE={root} has no bin/convert"
+    return root / "bin" / "convert"
+
+
+def model_dir(parent: Path, kind: str, **config: Any) -> Path:
+    directory = parent / kind
+    write_tokenizer(directory, kind)
+    (directory / "config.json").write_text(json.dumps({**CONFIGS[kind], **SIZES, **config}))
+    return directory
+
+
+def run_converter(directory: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(_converter()), str(directory), "--vocab-only", "--outtype", "bf16",
+                           "--outfile", str(out)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+
+
+def reader_of(directory: Path):
+    def read(name: str) -> bytes | None:
+        path = directory / name
+        return path.read_bytes() if path.is_file() else None
+    return read
+
+
+def ours(directory: Path) -> list[tuple[str, gguf.GGUFValueType, Any]]:
+    config = json.loads((directory / "config.json").read_text())
+    return vocab_fields(reader_of(directory), config, config["architectures"][0])
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> dict[str, Future]:
+    """The converter's --vocab-only file of each kind, all started at once (each takes a
+    minute, most of it importing torch and transformers)."""
+    _converter()
+    parent = tmp_path_factory.mktemp("hf")
+    pool = ThreadPoolExecutor(max_workers=len(KINDS))
+
+    def one(kind: str) -> tuple[Path, Path]:
+        directory = model_dir(parent, kind)
+        out = parent / f"{kind}.gguf"
+        done = run_converter(directory, out)
+        assert done.returncode == 0, f"the converter failed on {kind}:\n{done.stderr[-3000:]}"
+        return directory, out
+
+    futures = {kind: pool.submit(one, kind) for kind in KINDS}
+    yield futures
+    pool.shutdown(wait=True)
+
+
+def tokenizer_fields(path: Path) -> list[tuple[str, list[gguf.GGUFValueType], Any]]:
+    """The fields set_vocab writes, as the file has them: tokenizer.* (bert's token type
+    count is one of them too)."""
+    reader = gguf.GGUFReader(path)
+    return [(key, field.types, field.contents()) for key, field in reader.fields.items()
+            if key.startswith("tokenizer.")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fields_are_the_converters(converted, kind):
+    directory, out = converted[kind].result()
+    want = tokenizer_fields(out)
+    got = ours(directory)
+    assert [k for k, _, _ in got] == [k for k, _, _ in want]
+    for (key, vtype, value), (_, types, contents) in zip(got, want):
+        if vtype == gguf.GGUFValueType.ARRAY:
+            element, items = value
+            assert types == [vtype, element], key
+            assert len(items) == len(contents), key
+            diff = [(i, a, b) for i, (a, b) in enumerate(zip(items, contents)) if a != b]
+            assert not diff, f"{key}: {len(diff)} items differ, the first {diff[:5]}"
+        else:
+            assert types == [vtype], key
+            assert value == contents, key
+
+
+def test_a_pre_tokenizer_the_converter_does_not_know(tmp_path):
+    """An unknown BPE pre-tokenizer: the converter refuses it, NoVocab names its hash."""
+    directory = model_dir(tmp_path, "qwen2")
+    tokenizer = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+    split = tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"]
+    split["Regex"] = split["Regex"].replace("\\p{N}|", "\\p{N}{1,2}|")
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    with pytest.raises(NoVocab) as caught:
+        ours(directory)
+    message = str(caught.value)
+    assert "\n" not in message and "pre-tokenizer" in message and "chkhsh" in message
+    done = run_converter(directory, tmp_path / "out.gguf")
+    assert done.returncode != 0 and "BPE pre-tokenizer was not recognized" in done.stderr
+
+
+def _broken(directory: Path, name: str, data: bytes | None) -> None:
+    if data is None:
+        (directory / name).unlink()
+    else:
+        (directory / name).write_bytes(data)
+
+
+@pytest.mark.parametrize(("kind", "name", "data", "words"), [
+    ("qwen2", "tokenizer.json", None, "tokenizer.json"),
+    ("qwen2", "tokenizer.json", b'{"model": ', "not valid JSON"),
+    ("qwen2", "tokenizer_config.json", b"[1, 2]", "not a JSON object"),
+    ("llama-bpe", "tokenizer.json", b'{"model": {"type": "BPE"}, "decoder": null}', "tokenizer.json"),
+])
+def test_broken_tokenizer_files(tmp_path, kind, name, data, words):
+    directory = model_dir(tmp_path, kind)
+    _broken(directory, name, data)
+    with pytest.raises(NoVocab) as caught:
+        ours(directory)
+    assert "\n" not in str(caught.value) and words in str(caught.value)
+
+
+def test_vocab_size_below_the_tokenizers_ids(tmp_path):
+    directory = model_dir(tmp_path, "qwen2", vocab_size=151000)
+    with pytest.raises(NoVocab, match="vocab_size"):
+        ours(directory)
+
+
+def test_an_architecture_without_a_tokenizer_rule(tmp_path):
+    directory = model_dir(tmp_path, "qwen2")
+    with pytest.raises(NoVocab, match="MixtralForCausalLM"):
+        vocab_fields(reader_of(directory), {}, "MixtralForCausalLM")
+
+
+def test_a_special_token_transformers_would_add(tmp_path):
+    """tokenizer_config.json names a special token tokenizer.json lacks: transformers would add
+    it on load, so the result is not reproduced (NoVocab), not guessed."""
+    directory = model_dir(tmp_path, "qwen2")
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["additional_special_tokens"].append("<|not_there|>")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(NoVocab, match="not_there"):
+        ours(directory)
