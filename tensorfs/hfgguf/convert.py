@@ -292,9 +292,9 @@ class Arch:
         return []
 
     def vocab_count(self, fields) -> int:
-        for key, _, value, *_ in fields:
+        for key, _, value in fields:
             if key == "tokenizer.ggml.tokens":
-                return len(value)
+                return len(value[1])
         raise NoGguf("the tokenizer has no tokens")
 
     # -- metadata ----------------------------------------------------------------------------
@@ -867,8 +867,12 @@ def _write_plan(arch: Arch, tensors: list[OutTensor], ftype, fields, read: Read,
     name = gguf.naming_convention(metadata.name, metadata.basename, metadata.finetune,
                                   metadata.version, metadata.size_label, output_type,
                                   model_type="LoRA" if total < 0 else None)
-    for key, vtype, value, *sub in fields:
-        w.add_key_value(key, value, vtype, sub[0] if sub else None)
+    for key, vtype, value in fields:        # tensorfs.hfgguf.vocab's Field
+        if vtype == gguf.GGUFValueType.ARRAY:
+            element, items = value
+            w.add_key_value(key, items, vtype, element)
+        else:
+            w.add_key_value(key, value, vtype)
     out = io.BytesIO()
     w.fout = [out]                          # type: ignore[list-item]
     w.state = gguf.gguf_writer.WriterState.EMPTY
