@@ -363,6 +363,9 @@ class _HfTokenizer:
             self.tok = lib.Tokenizer.from_str(text)
         except Exception as e:  # the library's own error type
             raise NoVocab(f"tokenizer.json cannot be loaded: {_one_line(e)}") from None
+        # transformers' encode() without truncation or padding turns both off in the backend
+        self.tok.no_truncation()
+        self.tok.no_padding()
         self.cls = self.config.get("tokenizer_class") or _CLASS_BY_MODEL_TYPE.get(str(hparams.get("model_type")))
         if self.cls is None:
             raise NoVocab("tokenizer_config.json names no tokenizer_class and the model_type is not known")
@@ -674,12 +677,22 @@ def _set_vocab_sentencepiece(w: _Writer, read: Reader, hparams: Mapping[str, Any
     _SpecialVocab(read, hparams, n_vocab=len(tokens)).add_to(w)
 
 
-def sentencepiece_vocab_size(read: Reader, hparams: Mapping[str, Any]) -> int:
-    """len(_create_vocab_sentencepiece()[0]): the rows gemma3 keeps of token_embd."""
+def gemma3_token_rows(read: Reader, hparams: Mapping[str, Any]) -> int:
+    """The rows of token_embd the converter keeps for gemma3 (Gemma3Model.modify_tensors
+    drops the others): the SentencePiece vocabulary's length, else tokenizer.json's
+    vocabulary and added tokens."""
     merged = dict(hparams)
     if isinstance(hparams.get("text_config"), dict):
         merged = {**merged, **hparams["text_config"]}
-    return len(_create_vocab_sentencepiece(read, merged)[0])
+    try:
+        if read("tokenizer.model") is not None:
+            return len(_create_vocab_sentencepiece(read, merged)[0])
+        tokenizer = _json_object(read, "tokenizer.json")
+        if tokenizer is None:
+            raise NoVocab("no tokenizer.model and no tokenizer.json")
+        return len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise NoVocab(f"the tokenizer files are malformed: {type(e).__name__}: {_one_line(e)}") from None
 
 
 # -- gguf-py's SpecialVocab -----------------------------------------------------------------------

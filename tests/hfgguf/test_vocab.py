@@ -39,7 +39,7 @@ SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}
 
 # The kinds whose fields are compared with the converter's.
-KINDS = ["llama-bpe", "qwen2"]
+KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert"]
 
 
 def _converter() -> Path:
@@ -125,8 +125,7 @@ def test_a_pre_tokenizer_the_converter_does_not_know(tmp_path):
     """An unknown BPE pre-tokenizer: the converter refuses it, NoVocab names its hash."""
     directory = model_dir(tmp_path, "qwen2")
     tokenizer = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
-    split = tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"]
-    split["Regex"] = split["Regex"].replace("\\p{N}|", "\\p{N}{1,2}|")
+    tokenizer["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
     with pytest.raises(NoVocab) as caught:
         ours(directory)
@@ -148,6 +147,11 @@ def _broken(directory: Path, name: str, data: bytes | None) -> None:
     ("qwen2", "tokenizer.json", b'{"model": ', "not valid JSON"),
     ("qwen2", "tokenizer_config.json", b"[1, 2]", "not a JSON object"),
     ("llama-bpe", "tokenizer.json", b'{"model": {"type": "BPE"}, "decoder": null}', "tokenizer.json"),
+    ("llama-spm", "tokenizer.model", b"\x0a\x05\x0a\x03abc\x12", "SentencePiece"),
+    ("llama-spm", "tokenizer.model", b"not a protobuf at all", "SentencePiece"),
+    ("gemma3", "tokenizer.model", b"", "no pieces"),
+    ("bert", "tokenizer.json", None, "tokenizer.json"),
+    ("bert", "tokenizer_config.json", b'{"tokenizer_class": "BertTokenizer", "do_lower_case": false}', "lowercase"),
 ])
 def test_broken_tokenizer_files(tmp_path, kind, name, data, words):
     directory = model_dir(tmp_path, kind)
