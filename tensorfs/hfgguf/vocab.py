@@ -22,6 +22,7 @@ converter hands to transformers' slow path...), raises ``NoVocab`` with one line
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import struct
@@ -77,15 +78,35 @@ class _Writer:
 
 # -- reading the directory ------------------------------------------------------------------------
 
+class _Files:
+    """``read`` with each file read once and each JSON file parsed once (tokenizer.json is
+    megabytes); the parsed values are shared: whoever changes one copies it first."""
+
+    def __init__(self, read: Reader) -> None:
+        self.read = read
+        self.data: dict[str, bytes | None] = {}
+        self.parsed: dict[str, Any] = {}
+
+    def __call__(self, name: str) -> bytes | None:
+        if name not in self.data:
+            self.data[name] = self.read(name)
+        return self.data[name]
+
+
 def _json(read: Reader, name: str) -> Any:
     """A JSON file of the directory, None when it is absent."""
+    if isinstance(read, _Files) and name in read.parsed:
+        return read.parsed[name]
     data = read(name)
     if data is None:
         return None
     try:
-        return json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise NoVocab(f"{name} is not valid JSON: {_one_line(e)}") from None
+    if isinstance(read, _Files):
+        read.parsed[name] = value
+    return value
 
 
 def _json_object(read: Reader, name: str) -> dict[str, Any] | None:
@@ -114,9 +135,11 @@ def vocab_fields(read: Reader, hparams: Mapping[str, Any], arch: str) -> list[Fi
     from ``set_gguf_parameters`` keeps its earlier place in the file with the value given here.
 
     Raises ``NoVocab`` (one line) where the converter would stop or where its output cannot be
-    reproduced exactly."""
+    reproduced exactly.  One thing ``read`` cannot see: beside ``chat_template.jinja`` the
+    converter also takes ``additional_chat_templates/*.jinja`` (then writes named templates);
+    a caller whose directory has that folder should not offer the GGUF."""
     try:
-        return _vocab_fields(read, hparams, arch)
+        return _vocab_fields(_Files(read), hparams, arch)
     except NoVocab:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
@@ -354,7 +377,7 @@ class _HfTokenizer:
         pre = self.json.get("pre_tokenizer")
         add_prefix_space = self.config.get("add_prefix_space", False)
         if isinstance(pre, dict) and "add_prefix_space" in pre and pre["add_prefix_space"] != add_prefix_space:
-            self.json["pre_tokenizer"] = {**pre, "add_prefix_space": add_prefix_space}
+            self.json = {**self.json, "pre_tokenizer": {**pre, "add_prefix_space": add_prefix_space}}
             text = json.dumps(self.json)
         else:
             text = data.decode("utf-8")
@@ -363,6 +386,9 @@ class _HfTokenizer:
             self.tok = lib.Tokenizer.from_str(text)
         except Exception as e:  # the library's own error type
             raise NoVocab(f"tokenizer.json cannot be loaded: {_one_line(e)}") from None
+        # transformers' encode() without truncation or padding turns both off in the backend
+        self.tok.no_truncation()
+        self.tok.no_padding()
         self.cls = self.config.get("tokenizer_class") or _CLASS_BY_MODEL_TYPE.get(str(hparams.get("model_type")))
         if self.cls is None:
             raise NoVocab("tokenizer_config.json names no tokenizer_class and the model_type is not known")
@@ -674,12 +700,22 @@ def _set_vocab_sentencepiece(w: _Writer, read: Reader, hparams: Mapping[str, Any
     _SpecialVocab(read, hparams, n_vocab=len(tokens)).add_to(w)
 
 
-def sentencepiece_vocab_size(read: Reader, hparams: Mapping[str, Any]) -> int:
-    """len(_create_vocab_sentencepiece()[0]): the rows gemma3 keeps of token_embd."""
+def gemma3_token_rows(read: Reader, hparams: Mapping[str, Any]) -> int:
+    """The rows of token_embd the converter keeps for gemma3 (Gemma3Model.modify_tensors
+    drops the others): the SentencePiece vocabulary's length, else tokenizer.json's
+    vocabulary and added tokens."""
     merged = dict(hparams)
     if isinstance(hparams.get("text_config"), dict):
         merged = {**merged, **hparams["text_config"]}
-    return len(_create_vocab_sentencepiece(read, merged)[0])
+    try:
+        if read("tokenizer.model") is not None:
+            return len(_create_vocab_sentencepiece(read, merged)[0])
+        tokenizer = _json_object(read, "tokenizer.json")
+        if tokenizer is None:
+            raise NoVocab("no tokenizer.model and no tokenizer.json")
+        return len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise NoVocab(f"the tokenizer files are malformed: {type(e).__name__}: {_one_line(e)}") from None
 
 
 # -- gguf-py's SpecialVocab -----------------------------------------------------------------------
@@ -796,7 +832,8 @@ class _SpecialVocab:
             added_tokens = tokenizer.get("added_tokens", {})
         else:
             added_tokens = {}
-        tokenizer_config = _json_object(self.read, "tokenizer_config.json")
+        # changed below as SpecialVocab changes its own copy
+        tokenizer_config = copy.deepcopy(_json_object(self.read, "tokenizer_config.json"))
         if tokenizer:
             self._post_processor(tokenizer, tokenizer_config)
         if not tokenizer_config:

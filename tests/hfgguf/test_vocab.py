@@ -39,7 +39,37 @@ SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}
 
 # The kinds whose fields are compared with the converter's.
-KINDS = ["llama-bpe", "qwen2"]
+KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert"]
+
+
+def _template_in_jinja(directory: Path) -> None:
+    """The chat template in chat_template.jinja (transformers' newer layout), none in
+    tokenizer_config.json."""
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (directory / "chat_template.jinja").write_text(config.pop("chat_template"), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+def _spm_added_tokens(directory: Path) -> None:
+    """added_tokens.json and tokenizer_config.json's added tokens past the SentencePiece
+    pieces (one special, one that only looks special, one plain with a \u2581), and
+    add_prefix_space."""
+    (directory / "added_tokens.json").write_text(json.dumps({"<|im_start|>": 32000, "<extra>": 32001,
+                                                             "\u2581plain": 32002}))
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["add_prefix_space"] = False
+    for idx, content, special in ((32000, "<|im_start|>", False), (32001, "<extra>", True),
+                                  (32002, "\u2581plain", False)):
+        config["added_tokens_decoder"][str(idx)] = {"content": content, "lstrip": False, "normalized": False,
+                                                    "rstrip": False, "single_word": False, "special": special}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+
+# Variants of a kind: (kind, config.json changes, a change to the files)
+VARIANTS: dict[str, tuple[str, dict[str, Any], Any]] = {
+    "llama-bpe-jinja-padded": ("llama-bpe", {"vocab_size": 128300}, _template_in_jinja),
+    "llama-spm-added": ("llama-spm", {"vocab_size": 32004}, _spm_added_tokens),
+}
 
 
 def _converter() -> Path:
@@ -51,9 +81,15 @@ def _converter() -> Path:
 
 
 def model_dir(parent: Path, kind: str, **config: Any) -> Path:
-    directory = parent / kind
+    name = kind
+    if kind in VARIANTS:
+        kind, changes, change_files = VARIANTS[name]
+        config = {**changes, **config}
+    directory = parent / name
     write_tokenizer(directory, kind)
     (directory / "config.json").write_text(json.dumps({**CONFIGS[kind], **SIZES, **config}))
+    if name in VARIANTS:
+        change_files(directory)
     return directory
 
 
@@ -81,7 +117,7 @@ def converted(tmp_path_factory) -> dict[str, Future]:
     minute, most of it importing torch and transformers)."""
     _converter()
     parent = tmp_path_factory.mktemp("hf")
-    pool = ThreadPoolExecutor(max_workers=len(KINDS))
+    pool = ThreadPoolExecutor(max_workers=len(KINDS) + len(VARIANTS))
 
     def one(kind: str) -> tuple[Path, Path]:
         directory = model_dir(parent, kind)
@@ -90,7 +126,7 @@ def converted(tmp_path_factory) -> dict[str, Future]:
         assert done.returncode == 0, f"the converter failed on {kind}:\n{done.stderr[-3000:]}"
         return directory, out
 
-    futures = {kind: pool.submit(one, kind) for kind in KINDS}
+    futures = {kind: pool.submit(one, kind) for kind in [*KINDS, *VARIANTS]}
     yield futures
     pool.shutdown(wait=True)
 
@@ -103,7 +139,7 @@ def tokenizer_fields(path: Path) -> list[tuple[str, list[gguf.GGUFValueType], An
             if key.startswith("tokenizer.")]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, *VARIANTS])
 def test_fields_are_the_converters(converted, kind):
     directory, out = converted[kind].result()
     want = tokenizer_fields(out)
@@ -125,8 +161,7 @@ def test_a_pre_tokenizer_the_converter_does_not_know(tmp_path):
     """An unknown BPE pre-tokenizer: the converter refuses it, NoVocab names its hash."""
     directory = model_dir(tmp_path, "qwen2")
     tokenizer = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
-    split = tokenizer["pre_tokenizer"]["pretokenizers"][0]["pattern"]
-    split["Regex"] = split["Regex"].replace("\\p{N}|", "\\p{N}{1,2}|")
+    tokenizer["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]}
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
     with pytest.raises(NoVocab) as caught:
         ours(directory)
@@ -148,6 +183,13 @@ def _broken(directory: Path, name: str, data: bytes | None) -> None:
     ("qwen2", "tokenizer.json", b'{"model": ', "not valid JSON"),
     ("qwen2", "tokenizer_config.json", b"[1, 2]", "not a JSON object"),
     ("llama-bpe", "tokenizer.json", b'{"model": {"type": "BPE"}, "decoder": null}', "tokenizer.json"),
+    ("llama-spm", "tokenizer.model", b"\x0a\x05\x0a\x03abc\x12", "SentencePiece"),
+    ("llama-spm", "tokenizer.model", b"not a protobuf at all", "SentencePiece"),
+    ("gemma3", "tokenizer.model", b"", "no pieces"),
+    ("bert", "tokenizer.json", None, "tokenizer.json"),
+    ("llama-spm", "tokenizer.model", None, "byte fallback"),
+    ("gemma3", "tokenizer.model", None, "pre-tokenizer"),
+    ("bert", "tokenizer_config.json", b'{"tokenizer_class": "BertTokenizer", "do_lower_case": false}', "lowercase"),
 ])
 def test_broken_tokenizer_files(tmp_path, kind, name, data, words):
     directory = model_dir(tmp_path, kind)

@@ -283,56 +283,100 @@ def _make_llama_spm(out: Path) -> None:
     pieces = [(t, float(s), int(ty)) for t, s, ty in zip(tokens, scores, types)]
     (out / "tokenizer.model").write_bytes(
         sentencepiece_model(pieces, model_type=2, byte_fallback=True, add_dummy_prefix=True))
-    _fast_from_slow(out, "LlamaTokenizerFast", {
-        "add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "pad_token": None, "legacy": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
+    added = [_added(i, text) for i, (text, _, typ) in enumerate(pieces) if typ in (2, 3)]
+    normalizer = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+    _dump(out / "tokenizer.json", _spm_tokenizer_json(pieces, added, "<s>", 1, "<unk>", normalizer, None,
+                                                      strip_decoder=True))
+    _dump(out / "tokenizer_config.json", {
+        "add_bos_token": True, "add_eos_token": False,
+        "added_tokens_decoder": {str(t["id"]): _decoder_entry(t) for t in added},
+        "bos_token": "<s>", "clean_up_tokenization_spaces": False, "eos_token": "</s>", "legacy": False,
+        "model_max_length": 1000000000000000019884624838656, "pad_token": None, "padding_side": "right",
+        "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
         "chat_template": ("{% for message in messages %}{% if message['role'] == 'user' %}"
                           "{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}"
                           "{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}")})
+    _dump(out / "special_tokens_map.json", {"bos_token": _special_map("<s>"), "eos_token": _special_map("</s>"),
+                                            "unk_token": _special_map("<unk>")})
+
+
+# Gemma 3's layout, small: (piece, type, special in tokenizer.json): the first ids as
+# Gemma's, unused pieces, the turn markers, whitespace pieces (user defined, not special).
+GEMMA3_HEAD = [
+    ("<pad>", 3, True), ("<eos>", 3, True), ("<bos>", 3, True), ("<unk>", 2, True), ("<mask>", 4, True),
+    ("[multimodal]", 4, False)] + [(f"<unused{i}>", 4, False) for i in range(8)] + [
+    ("<start_of_turn>", 4, True), ("<end_of_turn>", 4, True), ("\n", 4, False), ("\n\n", 4, False),
+    ("\u2581\u2581", 4, False), ("<start_of_image>", 4, True), ("<end_of_image>", 4, True)]
+
+GEMMA3_WORDS = ["\u2581", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "u", "c", "m", "w", "f", "g",
+                "y", "p", "b", ",", ".", "\u2581t", "\u2581a", "he", "in", "\u2581the", "er", "on", "\u2581s",
+                "\u2581w", "re", "at", "en", "\u2581o", "nd", "\u2581h", "\u2581b", "is", "es", "it", "or",
+                "\u2581c", "\u2581f", "\u2581m", "ing", "\u2581of", "\u2581and", "\u2581to", "an", "ou",
+                "\u2581in", "ed", "\u2581d", "\u2581p", "ar", "\u2581l", "as", "le", "\u2581is", "ll",
+                "\u2581Hello", "\u2581world", "user", "model", "\u2581you", "\u2581I"]
 
 
 def _make_gemma3(out: Path) -> None:
-    # Gemma 3's layout, small: the first ids as Gemma's, unused pieces, the turn markers,
-    # the 256 byte pieces, then ordinary pieces with descending scores.
-    pieces: list[tuple[str, float, int]] = [
-        ("<pad>", 0.0, 3), ("<eos>", 0.0, 3), ("<bos>", 0.0, 3), ("<unk>", 0.0, 2), ("<mask>", 0.0, 4),
-        ("[multimodal]", 0.0, 4)]
-    pieces += [(f"<unused{i}>", 0.0, 4) for i in range(8)]
-    pieces += [("<start_of_turn>", 0.0, 4), ("<end_of_turn>", 0.0, 4), ("\n", 0.0, 4), ("\n\n", 0.0, 4),
-               ("▁▁", 0.0, 4), ("<start_of_image>", 0.0, 4), ("<end_of_image>", 0.0, 4)]
+    pieces = [(text, 0.0, typ) for text, typ, _ in GEMMA3_HEAD]
     pieces += [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
-    words = ["▁", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "u", "c", "m", "w", "f", "g", "y",
-             "p", "b", ",", ".", "▁t", "▁a", "he", "in", "▁the", "er", "on", "▁s", "▁w", "re", "at", "en",
-             "▁o", "nd", "▁h", "▁b", "is", "es", "it", "or", "▁c", "▁f", "▁m", "ing", "▁of", "▁and", "▁to",
-             "an", "ou", "▁in", "ed", "▁d", "▁p", "ar", "▁l", "as", "le", "▁is", "▁Hello", "▁world", "▁model",
-             "user", "model", "ll", "o▁", "▁you", "▁I"]
-    pieces += [(w, -float(i), 1) for i, w in enumerate(words)]
+    pieces += [(w, -float(i), 1) for i, w in enumerate(GEMMA3_WORDS)]
     (out / "tokenizer.model").write_bytes(
         sentencepiece_model(pieces, model_type=2, byte_fallback=True, add_dummy_prefix=False))
-    _fast_from_slow(out, "GemmaTokenizerFast", {
-        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
-        "unk_token": "<unk>", "pad_token": "<pad>", "clean_up_tokenization_spaces": False,
+    added = [_added(i, text, special) for i, (text, _, special) in enumerate(GEMMA3_HEAD)]
+    normalizer = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    pre = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+    _dump(out / "tokenizer.json", _spm_tokenizer_json(pieces, added, "<bos>", 2, "<unk>", normalizer, pre,
+                                                      strip_decoder=False))
+    _dump(out / "tokenizer_config.json", {
+        "add_bos_token": True, "add_eos_token": False,
+        "added_tokens_decoder": {str(t["id"]): _decoder_entry(t) for t in added},
         "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"],
-        "model_max_length": 32768, "chat_template": GEMMA3_CHAT_TEMPLATE})
+        "bos_token": "<bos>", "chat_template": GEMMA3_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": "<eos>", "extra_special_tokens": {}, "model_max_length": 1000000000000000019884624838656,
+        "pad_token": "<pad>", "padding_side": "left", "sp_model_kwargs": None, "spaces_between_special_tokens": False,
+        "tokenizer_class": "GemmaTokenizer", "unk_token": "<unk>", "use_default_system_prompt": False})
+    _dump(out / "special_tokens_map.json", {
+        "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"],
+        "bos_token": _special_map("<bos>"), "eos_token": _special_map("<eos>"),
+        "pad_token": _special_map("<pad>"), "unk_token": _special_map("<unk>")})
 
 
-def _fast_from_slow(out: Path, cls: str, config: dict[str, Any]) -> None:
-    """tokenizer.json, tokenizer_config.json and special_tokens_map.json as transformers
-    writes them for ``tokenizer.model`` (its slow-to-fast conversion, in the oracle's venv)."""
-    root = oracle_dir()
-    if root is None:
-        raise RuntimeError("TENSORFS_CONVERT_ORACLE is unset: its venv has transformers")
-    script = (
-        "import json, sys, transformers\n"
-        "out, cls, config = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
-        "tok = getattr(transformers, cls)(vocab_file=out + '/tokenizer.model', from_slow=True, **config)\n"
-        "tok.save_pretrained(out + '/saved')\n")
-    subprocess.run([str(root / "venv" / "bin" / "python"), "-c", script, str(out), cls, json.dumps(config)],
-                   check=True, capture_output=True, timeout=600)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copyfile(out / "saved" / name, out / name)
-    shutil.rmtree(out / "saved")
+def _spm_merges(pieces: list[tuple[str, float, int]]) -> list[list[str]]:
+    """The BPE merges transformers derives from a SentencePiece vocabulary
+    (convert_slow_tokenizer's SentencePieceExtractor): each piece split in two known pieces,
+    ordered by the piece's score."""
+    vocab = {text: i for i, (text, _, _) in enumerate(pieces)}
+    merges = []
+    for text, score, _ in pieces:
+        local = [(text[:k], text[k:], score) for k in range(1, len(text)) if text[:k] in vocab and text[k:] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: m[2], reverse=True)
+    return [[left, right] for left, right, _ in merges]
+
+
+def _spm_tokenizer_json(pieces: list[tuple[str, float, int]], added: list[dict[str, Any]], bos: str, bos_id: int,
+                        unk: str, normalizer: Any, pre_tokenizer: Any, *, strip_decoder: bool) -> dict[str, Any]:
+    """tokenizer.json of a SentencePiece BPE model as transformers writes it (Llama 2, Gemma)."""
+    decoders: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                      {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if strip_decoder:
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}},
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": {text: i for i, (text, _, _) in enumerate(pieces)}, "merges": _spm_merges(pieces)},
+    }
 
 
 # -- WordPiece -------------------------------------------------------------------------------
