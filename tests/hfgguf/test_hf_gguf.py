@@ -149,13 +149,20 @@ def test_files_serve_the_converters_gguf(arch, converted, module_mount):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_inspect_says_which_gguf_files_are_offered(converted, tmp_path):
+def test_inspect_and_list_say_which_gguf_files_are_offered(converted, module_mount):
     oracle()
     model = converted("llama")
     result = run_tensorfs("inspect", model.dir)
     assert result.returncode == 0, result.stderr
     for expected in model.expected:
         assert expected.name in result.stdout
+    mnt = module_mount(model.dir, name="listed")
+    result = run_tensorfs("list", "--json")
+    row = next(r for r in json.loads(result.stdout) if r["mountpoint"] == str(mnt))
+    assert row["gguf"] == [f"files/{e.name}" for e in sorted(model.expected)]
+    text = run_tensorfs("list").stdout.splitlines()
+    at = next(i for i, line in enumerate(text) if line.startswith(str(mnt) + " "))
+    assert text[at + 1].startswith("  offers files/") and model.expected[0].name in text[at + 1]
 
 
 BAD = {
