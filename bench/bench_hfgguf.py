@@ -122,6 +122,7 @@ def main() -> None:
         pid = int(next(r["pid"] for r in rows if r["mountpoint"] == str(mnt)))
         base = rss_kb(pid)
         q8 = next(p for p in (mnt / "files").iterdir() if p.name.endswith("-Q8_0.gguf"))
+        q8_size = q8.stat().st_size
         q8_s, q8_peak = read_whole(q8, pid)
         bf_s, bf_peak = read_whole(served, pid)
     finally:
@@ -132,7 +133,7 @@ def main() -> None:
     print(f"mount   {mount_s:.2f} s + first token {mounted_first:.2f} s = {b:.2f} s "
           f"({a / b:.1f}x sooner); cmp-equal: {same}")
     print(f"daemon RSS: {base / 1024:.0f} MiB mounted; peak {q8_peak / 1024:.0f} MiB reading "
-          f"the Q8_0 file whole ({q8.stat().st_size / 1e6:.0f} MB in {q8_s:.1f} s), "
+          f"the Q8_0 file whole ({q8_size / 1e6:.0f} MB in {q8_s:.1f} s), "
           f"peak {bf_peak / 1024:.0f} MiB reading the BF16 one ({bf_s:.1f} s)")
 
 
