@@ -29,7 +29,7 @@ log = logging.getLogger("tensorfs")
 # computed bytes are made this many output bytes of whole rows at a time, at least one row
 CHUNK_BYTES = 4 << 20
 # the computed chunks kept, per daemon
-_COMPUTED = ByteLRU(256 << 20)
+_COMPUTED = ByteLRU(64 << 20)
 # tensors up to this size are computed whole and kept for the mount's life
 SMALL_BYTES = 1 << 20
 

@@ -7,6 +7,7 @@ module, to the source's own type and to q8_0, and the mounted files are compared
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
 import os
@@ -286,3 +287,45 @@ def test_llama_cpp_generates_the_same_from_the_mounted_file(converted, module_mo
     assert results[0][0] == results[1][0]
     assert np.array_equal(results[0][1], results[1][1])
     assert results[0][2] == results[1][2]
+
+
+@pytest.mark.slow
+def test_an_hf_repository_serves_the_gguf_reading_only_what_is_read(converted, tmp_path):
+    """hf://ORG/NAME (the Hub's layout, served by nginx): the GGUF is the converter's, and
+    reading one tensor of it fetches that tensor's bytes, not the model."""
+    for module in ("fsspec", "aiohttp", "huggingface_hub"):
+        pytest.importorskip(module)
+    from tests.support.servers import HubRepo, Nginx
+
+    model = converted("llama")
+    repo = HubRepo(f"tiny/{model.dir.name}")
+    repo.commit({p.name: p for p in model.dir.iterdir() if p.is_file()})
+    server = Nginx(tmp_path / "nginx", [repo])
+    server.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env.update({"HF_ENDPOINT": server.url, "HF_HOME": str(tmp_path / "hf-home"),
+                "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})
+    mounts = mounts_in(tmp_path, "rmnt", env)
+    mount = next(mounts)
+    try:
+        mnt = mount(f"hf://tiny/{model.dir.name}")
+        expected = model.expected[0]
+        served = mnt / "files" / expected.name
+        assert served.stat().st_size == expected.stat().st_size
+        import gguf
+        reader = gguf.GGUFReader(expected)
+        last = reader.tensors[-1]
+        mark = server.log_mark()
+        with open(served, "rb") as f:
+            f.seek(last.data_offset)
+            assert f.read(last.n_bytes) == bytes(last.data.tobytes())
+        fetched = sum(r["bytes"] for r in server.wait_quiet(mark)
+                      if "model.safetensors" in r["uri"])
+        size = (model.dir / "model.safetensors").stat().st_size
+        assert fetched < size / 2, (fetched, size)
+        for e in model.expected:
+            _same(e, mnt / "files" / e.name)
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(mounts)
+        server.stop()
