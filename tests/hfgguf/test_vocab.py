@@ -32,6 +32,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   "bos_token_id": 1, "eos_token_id": 2},
     "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 384,
                "bos_token_id": 2, "eos_token_id": [1, 15], "pad_token_id": 0},
+    "smollm2": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+                "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2},
     "bert": {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "pad_token_id": 0,
              "type_vocab_size": 2},
 }
@@ -39,7 +41,7 @@ SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}
 
 # The kinds whose fields are compared with the converter's.
-KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert"]
+KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert", "smollm2"]
 
 
 def _template_in_jinja(directory: Path) -> None:
@@ -164,7 +166,7 @@ def test_fields_are_the_converters(converted, kind):
 # The kinds whose ids come from the tokenizers library (the pre-tokenizer hash): checked
 # against transformers' AutoTokenizer in the oracle's venv, on the hash text and on llama.cpp's
 # tokenizer test texts.
-ENCODED = ["llama-bpe", "qwen2", "bert"]
+ENCODED = ["llama-bpe", "qwen2", "bert", "smollm2"]
 
 _ENCODE = """
 import json, sys
