@@ -16,7 +16,7 @@ from typing import Any
 import gguf
 import pytest
 
-from tensorfs.hfgguf.vocab import NoVocab, vocab_fields
+from tensorfs.hfgguf.vocab import CHKTXT, NoVocab, _HfTokenizer, vocab_fields
 from tests.support.hf_tokenizers import oracle_dir, write_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -32,6 +32,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   "bos_token_id": 1, "eos_token_id": 2},
     "gemma3": {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 384,
                "bos_token_id": 2, "eos_token_id": [1, 15], "pad_token_id": 0},
+    "smollm2": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+                "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2},
     "bert": {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522, "pad_token_id": 0,
              "type_vocab_size": 2},
 }
@@ -39,7 +41,7 @@ SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "n
          "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}
 
 # The kinds whose fields are compared with the converter's.
-KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert"]
+KINDS = ["llama-bpe", "qwen2", "llama-spm", "gemma3", "bert", "smollm2"]
 
 
 def _template_in_jinja(directory: Path) -> None:
@@ -69,6 +71,7 @@ def _spm_added_tokens(directory: Path) -> None:
 VARIANTS: dict[str, tuple[str, dict[str, Any], Any]] = {
     "llama-bpe-jinja-padded": ("llama-bpe", {"vocab_size": 128300}, _template_in_jinja),
     "llama-spm-added": ("llama-spm", {"vocab_size": 32004}, _spm_added_tokens),
+    "qwen3": ("qwen2", {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}, lambda directory: None),
 }
 
 
@@ -81,6 +84,7 @@ def _converter() -> Path:
 
 
 def model_dir(parent: Path, kind: str, **config: Any) -> Path:
+    _converter()  # the vocabularies are llama.cpp's, in the oracle's tree
     name = kind
     if kind in VARIANTS:
         kind, changes, change_files = VARIANTS[name]
@@ -113,11 +117,12 @@ def ours(directory: Path) -> list[tuple[str, gguf.GGUFValueType, Any]]:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> dict[str, Future]:
-    """The converter's --vocab-only file of each kind, all started at once (each takes a
-    minute, most of it importing torch and transformers)."""
+    """The converter's --vocab-only file of each kind, and transformers' ids of the kinds
+    whose ids the tokenizers library gives, all started at once (each takes a minute, most of
+    it importing torch and transformers)."""
     _converter()
     parent = tmp_path_factory.mktemp("hf")
-    pool = ThreadPoolExecutor(max_workers=len(KINDS) + len(VARIANTS))
+    pool = ThreadPoolExecutor(max_workers=len(KINDS) + len(VARIANTS) + 1)
 
     def one(kind: str) -> tuple[Path, Path]:
         directory = model_dir(parent, kind)
@@ -127,6 +132,7 @@ def converted(tmp_path_factory) -> dict[str, Future]:
         return directory, out
 
     futures = {kind: pool.submit(one, kind) for kind in [*KINDS, *VARIANTS]}
+    futures["transformers"] = pool.submit(_transformers_ids, parent)
     yield futures
     pool.shutdown(wait=True)
 
@@ -155,6 +161,40 @@ def test_fields_are_the_converters(converted, kind):
         else:
             assert types == [vtype], key
             assert value == contents, key
+
+
+# The kinds whose ids come from the tokenizers library (the pre-tokenizer hash): checked
+# against transformers' AutoTokenizer in the oracle's venv, on the hash text and on llama.cpp's
+# tokenizer test texts.
+ENCODED = ["llama-bpe", "qwen2", "bert", "smollm2"]
+
+_ENCODE = """
+import json, sys
+from transformers import AutoTokenizer
+texts = json.loads(sys.stdin.read())
+print(json.dumps({d: [AutoTokenizer.from_pretrained(d).encode(t) for t in texts] for d in sys.argv[1:]}))
+"""
+
+
+def _transformers_ids(parent: Path) -> tuple[list[str], dict[str, tuple[Path, list[list[int]]]]]:
+    root = _converter().parent.parent
+    texts = [CHKTXT] + (root / "src" / "models" / "ggml-vocab-llama-bpe.gguf.inp").read_text(
+        encoding="utf-8").split("\n__ggml_vocab_test__\n")[:-1]
+    directories = {kind: model_dir(parent / "encoded", kind) for kind in ENCODED}
+    done = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", _ENCODE, *map(str, directories.values())],
+                          input=json.dumps(texts), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.splitlines()[-1])
+    return texts, {kind: (directory, theirs[str(directory)]) for kind, directory in directories.items()}
+
+
+@pytest.mark.parametrize("kind", ENCODED)
+def test_ids_are_transformers(converted, kind):
+    texts, encoded = converted["transformers"].result()
+    directory, theirs = encoded[kind]
+    config = json.loads((directory / "config.json").read_text())
+    tokenizer = _HfTokenizer(reader_of(directory), config)
+    assert [tokenizer.encode_with_specials(t) for t in texts] == theirs
 
 
 def test_a_pre_tokenizer_the_converter_does_not_know(tmp_path):

