@@ -70,6 +70,8 @@ def convert(src: Path, outtype: str, out: Path) -> Path:
 
 WRITERS = {
     "llama": (lambda d, n: write_llama(d, n), "llama-spm", "SmolTest-135M-Instruct"),
+    "smollm2": (lambda d, n: write_llama(d, n, tie_word_embeddings=True, rope_theta=100000.0),
+                "smollm2", "SmolLM2-135M-Instruct"),
     "llama3": (lambda d, n: write_llama(
         d, n, hidden_size=32, intermediate_size=64, tie_word_embeddings=True,
         rope_theta=500000.0, bos_token_id=128000, eos_token_id=128009,
@@ -131,7 +133,7 @@ def _same(expected: Path, served: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3", "gemma3", "bert"])
+@pytest.mark.parametrize("arch", ["llama", "smollm2", "llama3", "qwen2", "qwen3", "gemma3", "bert"])
 def test_files_serve_the_converters_gguf(arch, converted, module_mount):
     """ls shows both files with their size before any read; each is cmp-equal to the
     converter's."""
