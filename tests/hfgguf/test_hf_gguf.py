@@ -23,6 +23,9 @@ from tests.support import mounts_in, run_tensorfs
 
 ORACLE_ENV = "TENSORFS_CONVERT_ORACLE"
 
+# each test runs llama.cpp's converter (seconds) or shares a model it converted
+pytestmark = pytest.mark.slow
+
 
 def oracle() -> Path:
     named = os.environ.get(ORACLE_ENV)
@@ -132,7 +135,6 @@ def _same(expected: Path, served: Path) -> None:
         pytest.fail(f"{served.name}: {first_difference(expected, served)}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "smollm2", "llama3", "qwen2", "qwen3", "gemma3", "bert"])
 def test_files_serve_the_converters_gguf(arch, converted, module_mount):
     """ls shows both files with their size before any read; each is cmp-equal to the
@@ -252,7 +254,6 @@ def _checkpoint(src: Path, d: Path) -> None:
                     str(src / "model.safetensors"), str(d / "pytorch_model.bin")], check=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("form", ["sharded", "checkpoint"])
 def test_sharded_and_checkpoint_directories(form, converted, tmp_path, mount):
     """Shards with an index, and a PyTorch checkpoint (served through its composed
@@ -291,7 +292,6 @@ def test_llama_cpp_generates_the_same_from_the_mounted_file(converted, module_mo
     assert results[0][2] == results[1][2]
 
 
-@pytest.mark.slow
 def test_an_hf_repository_serves_the_gguf_reading_only_what_is_read(converted, tmp_path):
     """hf://ORG/NAME (the Hub's layout, served by nginx): the GGUF is the converter's, and
     reading one tensor of it fetches that tensor's bytes, not the model."""
