@@ -227,7 +227,8 @@ def _row(mountpoint: str, status: dict, pid: int | None) -> dict:
     return {"mountpoint": mountpoint, "source": status.get("source"), "pid": pid,
             "tensors": status.get("tensors"), "state": status.get("state"),
             "reason": status.get("reason"), "last_failure": status.get("last_failure"),
-            "shown": shown_state(status), "log": status.get("log")}
+            "shown": shown_state(status), "log": status.get("log"),
+            "gguf": status.get("gguf") or []}
 
 
 def _descriptor_mounts(running) -> list[dict]:

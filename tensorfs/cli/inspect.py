@@ -129,11 +129,27 @@ def summary_lines(model: Model) -> Iterator[str]:
     yield "dtypes:     " + (", ".join(f"{escape(d)} {n}" for d, n in
                                       sorted(histogram.items(), key=lambda kv: (-kv[1], kv[0])))
                             or "none")
+    yield from gguf_offer_lines(model)
     if len(model.files) > 1:
         for f in model.files:
             yield (f"shard:      {escape(os.path.basename(f.path))}: {f.format}, "
                    f"{plural(f.file_size, 'byte')}, data at byte {f.data_offset}, "
                    f"{plural(len(f.tensors), 'tensor')}")
+
+
+def gguf_offer_lines(model: Model) -> Iterator[str]:
+    """What files/ offers as llama.cpp's converter would write it (tensorfs.hfgguf), or in
+    one line why a directory with config.json gets no GGUF."""
+    from tensorfs.loading.wholefiles import Companions
+
+    companions = model.companions
+    if not isinstance(companions, Companions):
+        return
+    note = companions.gguf_note
+    for f in companions.gguf_files:
+        yield f"GGUF:       files/{escape(f.name)}, {plural(f.size, 'byte')}"
+    if note:
+        yield f"GGUF:       none offered: {escape(note)}"
 
 
 def metadata_lines(model: Model) -> Iterator[str]:

@@ -183,6 +183,8 @@ def cmd_list(args) -> int:
                             row["shown"])))
     # every column as wide as its longest cell; STATE, the long one, last and never padded
     widths = [max(len(r[i]) for r in table) for i in range(4)]
-    for r in table:
+    for i, r in enumerate(table):
         sys.stdout.write("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4] + "\n")
+        if i and rows[i - 1]["gguf"]:       # the converter's GGUF files it offers (hfgguf)
+            sys.stdout.write("  offers " + printable(", ".join(rows[i - 1]["gguf"])) + "\n")
     return 0

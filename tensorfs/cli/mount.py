@@ -238,8 +238,13 @@ def cmd_mount(args) -> int:
 def _mount_info(model, named: str) -> dict:
     """What the mount's status file says of it (``tensorfs list``): the source as the user
     named it (a directory, an index, a repository; not the file it resolved to)."""
-    return {"source": shown_source(named), "tensors": len(model.tensors),
+    from tensorfs.loading.wholefiles import Companions
+
+    info = {"source": shown_source(named), "tensors": len(model.tensors),
             "files": _served_files(model)}
+    if isinstance(model.companions, Companions) and model.companions.gguf_files:
+        info["gguf"] = [f"files/{f.name}" for f in model.companions.gguf_files]
+    return info
 
 
 def _load(args, budget, settings, in_daemon: bool = False):

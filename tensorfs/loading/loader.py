@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from tensorfs.cache import ByteLRU
+from tensorfs.hfgguf.offer import offers
 from tensorfs.loading import checkpoints, shards
 from tensorfs.loading.wholefiles import find_companions
 from tensorfs.model import Model
@@ -50,6 +51,8 @@ def load_model(path: str, remote=None, cache: ByteLRU | None = None) -> Model:
         for companion in companions:
             companion.close()
         raise
+    # a directory with config.json: the GGUF files llama.cpp's converter would write
+    companions.gguf_files, companions.gguf_note = offers(model, companions, named)
     model = dataclasses.replace(model, companions=companions)
     if named != path or "://" in path:
         model = dataclasses.replace(model, url=named)

@@ -320,6 +320,8 @@ class Companions(tuple):
 
     refused: tuple = ()
     directories: tuple = ()
+    gguf_files: tuple = ()              # the converter's GGUF files (tensorfs.hfgguf)
+    gguf_note: str | None = None        # why none is offered, one line
 
     def say_refused(self) -> None:
         for path, why in self.refused:
@@ -343,7 +345,7 @@ def _close_least_recent() -> None:
                 source.close()
 
 
-def find_companions(named: str, model, location) -> tuple[Companion, ...]:
+def find_companions(named: str, model, location) -> Companions:
     """The companions of ``model``, loaded from ``named`` through ``location``: none for a
     model file given directly (a split GGUF's splits are all model files); the index for an
     index; a directory's regular files that are not model files, each name passing
@@ -590,4 +592,7 @@ def whole_file_views(model, sources: dict | None = None) -> dict[str, WholeFileV
             views[_basename(path)] = WholeFileView(source=source)
     for companion in model.companions:
         views.setdefault(companion.name, WholeFileView(companion=companion))
+    if isinstance(model.companions, Companions):
+        for gguf_file in model.companions.gguf_files:
+            views.setdefault(gguf_file.name, WholeFileView(source=gguf_file))
     return dict(sorted(views.items()))

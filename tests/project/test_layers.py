@@ -28,6 +28,7 @@ LAYERS = [
     "editing",      # editing/: the edit session in model terms (state, commit, compose), the
     #                 store in DIR (a replacement's bytes are a ``Source``); no tree
     "views",        # views/: byte views of a source, and the naming rule that places them
+    "hfgguf",       # hfgguf/: a Hugging Face directory as the GGUF llama.cpp's converter writes
     "loading",      # loading/: a model loaded: its shards, its files whole
     "api",          # api.py: the Python API
     "facts",        # facts/: hash, stats, diff
@@ -43,6 +44,7 @@ MODULE_LAYERS = {
     "tensorfs.editing": "editing",
     "tensorfs.sources": "sources",
     "tensorfs.views": "views",
+    "tensorfs.hfgguf": "hfgguf",
     "tensorfs.loading": "loading",
     "tensorfs.api": "api",
     "tensorfs.facts": "facts",
