@@ -28,9 +28,14 @@ import re
 import struct
 from collections.abc import Callable, Mapping
 from hashlib import sha256
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gguf import GGUFValueType, Keys, TokenType
+from tensorfs.runtime.libraries import gguf as _gguf
+
+if TYPE_CHECKING:
+    from gguf import GGUFValueType, Keys, TokenType
+else:               # gguf imported whole under the one lock (tensorfs.runtime.libraries)
+    GGUFValueType, Keys, TokenType = _gguf.GGUFValueType, _gguf.Keys, _gguf.TokenType
 
 # One metadata field: (key, value type, value).  A scalar's value is a str, int, bool or
 # float; an array's (type ARRAY) is (element type, list of elements): strings as str,
