@@ -169,13 +169,13 @@ $(CONVERT_ORACLE)/.built: | $(BIN)/python
 # rows need: libfuse3-dev and pkg-config (row 7's floor, the smallest C daemon, bench/floor/),
 # matplotlib (the plot), curl (the remote rows' reference) and Debian's rclone (the peers row);
 # nginx and moto come with test-venv.
-bench: test-venv
+bench: test-venv clients-venv convert-oracle
 	@command -v pkg-config >/dev/null && pkg-config --exists fuse3 || \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfuse3-dev pkg-config
 	$(BIN)/python -m pip install -q matplotlib
 	@command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl
 	@command -v rclone >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone
-	$(BIN)/python bench/run.py
+	TENSORFS_CONVERT_ORACLE=$(CONVERT_ORACLE) $(BIN)/python bench/run.py
 
 # The regression guard: the local read rows of BASE (a git revision) and of the working tree,
 # taking turns in one run; rows 10% or more worse are flagged and fail the command.  A couple

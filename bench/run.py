@@ -79,6 +79,8 @@ PROGRAM_ROWS = {
     "worker_pool": ProgramRow(args=("mount",), quick=("mount", "--mib", "8", "--repeat", "1")),
     "receive": ProgramRow(quick=("--size-mib", "16", "--repeat", "1")),
     "remote_blocks": ProgramRow(quick=("--runs", "1")),
+    # a Hugging Face directory in llama.cpp: mount against convert_hf_to_gguf.py (the oracle's venv)
+    "hfgguf": ProgramRow(),
     # tools more than rows: an A/B of variants given as JSON, bursts on an old libfuse
     "ab_read": ProgramRow(default=False),
     "burst_threads": ProgramRow(default=False),

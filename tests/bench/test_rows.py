@@ -33,7 +33,8 @@ def test_every_row_is_a_module_of_bench_rows_and_no_script_is_left_beside_run():
 
 
 @pytest.mark.parametrize("name", ["remote", "clients", "facts", "fleet", "peers", "files", "kernels",
-                                  "diskcache", "scale", "worker_pool", "receive", "remote_blocks"])
+                                  "diskcache", "scale", "worker_pool", "receive", "remote_blocks",
+                                  "hfgguf"])
 def test_a_row_program_starts_and_reads_its_options(name):
     done = subprocess.run([sys.executable, str(REPO / "bench" / "rows" / f"{name}.py"), "--help"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)

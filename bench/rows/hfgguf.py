@@ -7,10 +7,11 @@ The model: SmolLM2-135M's shapes (hidden 576, 30 layers, 9 heads, 3 KV heads), r
 weights, tied embeddings, Llama 2's tokenizer (tests/support/hf_tokenizers.py): about 270 MB.
 The converter is llama.cpp's, as ``make convert-oracle`` sets it up (TENSORFS_CONVERT_ORACLE).
 
-    TENSORFS_CONVERT_ORACLE=... python bench/bench_hfgguf.py [WORKDIR]
+    TENSORFS_CONVERT_ORACLE=... python bench/run.py hfgguf   (or bench/rows/hfgguf.py [--workdir DIR])
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -20,11 +21,16 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.hfgguf.tiny import llama_config, llama_shapes, random_tensors, write_safetensors
 
-work = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tensorfs-bench-hfgguf")
+_p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+_p.add_argument("--workdir", default="/tmp/tensorfs-bench-hfgguf")
+_args = _p.parse_args()
+work = Path(_args.workdir)
+if not os.environ.get("TENSORFS_CONVERT_ORACLE"):
+    sys.exit("bench/rows/hfgguf.py: set TENSORFS_CONVERT_ORACLE (make convert-oracle; make bench sets it)")
 oracle = Path(os.environ["TENSORFS_CONVERT_ORACLE"])
 T = os.path.join(os.path.dirname(sys.executable), "tensorfs")
 model = work / "SmolBench-135M"
