@@ -331,3 +331,62 @@ def test_an_hf_repository_serves_the_gguf_reading_only_what_is_read(converted, t
         with contextlib.suppress(StopIteration):
             next(mounts)
         server.stop()
+
+
+def _tensor_bytes(path: Path, name: str) -> tuple[list[int], bytes]:
+    """A safetensors file's tensor: (shape, bytes), read by its header (numpy has no
+    bfloat16 for safe_open)."""
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    entry = json.loads(raw[8:8 + size])[name]
+    start, end = entry["data_offsets"]
+    return entry["shape"], raw[8 + size + start:8 + size + end]
+
+
+def test_an_edit_never_leaves_a_gguf_serving_the_old_bytes(converted, tmp_path, mount):
+    """--edits: a tensor overwritten through its raw file (dd conv=notrunc) shows in the
+    tensor files and files/model.safetensors; a GGUF file still offered is the converter's
+    from the edited directory (cmp-equal, the matrix's new bytes in it), never the old bytes;
+    an editable mount that offers none says why, in list and in its log."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from tests.hfgguf.tiny import as_dtype
+
+    model = converted("llama")
+    name, gguf_name = "model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight"
+    shape = _tensor_bytes(model.dir / "model.safetensors", name)[0]
+    new = as_dtype(np.random.default_rng(7).standard_normal(shape) * 0.05, "BF16")
+    mnt = mount(model.dir, "--edits", tmp_path / "edits", name="edited")
+    raw = mnt / "model" / "layers" / "0" / "mlp" / "down_proj" / "weight"
+    old = raw.read_bytes()
+    assert len(old) == len(new) and old != new
+    (tmp_path / "new.bin").write_bytes(new)
+    result = subprocess.run(["dd", f"if={tmp_path / 'new.bin'}", f"of={raw}", "conv=notrunc",
+                             "status=none"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert raw.read_bytes() == new
+    edited = tmp_path / model.dir.name
+    shutil.copytree(model.dir, edited)
+    shutil.copyfile(mnt / "files" / "model.safetensors", edited / "model.safetensors")
+    assert _tensor_bytes(edited / "model.safetensors", name)[1] == new
+
+    offered = sorted(n for n in os.listdir(mnt / "files") if n.endswith(".gguf"))
+    for gguf_file in offered:
+        served = mnt / "files" / gguf_file
+        if "BF16" in gguf_file:         # the matrix in its own type: its bytes as they are
+            copy = shutil.copyfile(served, tmp_path / gguf_file)   # the reader maps it: not the mount
+            tensor = next(t for t in GGUFReader(copy).tensors if t.name == gguf_name)
+            assert bytes(tensor.data.tobytes()) == new, f"{gguf_file}: not the edited bytes"
+        outtype = "q8_0" if "Q8_0" in gguf_file else "bf16"
+        _same(convert(edited, outtype, tmp_path / "out"), served)
+    if not offered:
+        row = next(r for r in json.loads(run_tensorfs("list", "--json").stdout)
+                   if r["mountpoint"] == str(mnt))
+        assert row["gguf"] == [] and "--edits" in row["gguf_note"], row
+        text = run_tensorfs("list").stdout.splitlines()
+        at = next(i for i, line in enumerate(text) if line.startswith(str(mnt) + " "))
+        assert text[at + 1].startswith("  offers no GGUF: ") and "--edits" in text[at + 1]
+        logged = [line for line in Path(row["log"]).read_text().splitlines()
+                  if "GGUF: none offered" in line]
+        assert len(logged) == 1 and "--edits" in logged[0], logged
