@@ -249,21 +249,6 @@ def _mount_info(model, named: str) -> dict:
     return info
 
 
-# why an editable mount offers none of the converter's GGUF files (tensorfs.hfgguf)
-EDITABLE_NO_GGUF = ("an editable mount (--edits) serves the edited model's own files only: "
-                    "mount without --edits for the GGUF files")
-
-
-def _no_gguf_when_editable(model) -> None:
-    """--edits: the converter's GGUF files (composed from the directory as it is on disk)
-    are not offered, so that no view of the mount disagrees with an edit."""
-    from tensorfs.loading.wholefiles import Companions
-
-    companions = model.companions
-    if isinstance(companions, Companions) and companions.gguf_files:
-        companions.gguf_files, companions.gguf_note = (), EDITABLE_NO_GGUF
-
-
 def _load(args, budget, settings, in_daemon: bool = False):
     """(model, mounted tree, the parsed file's stat, FUSE options, editor) of the mount."""
     from tensorfs.loading.loader import load_model
@@ -275,8 +260,6 @@ def _load(args, budget, settings, in_daemon: bool = False):
         objects.serve_here()            # this process serves: obstore runs here, no helper
     with no_gc_while_building():
         model = load_model(args.model, settings, budget.cache)
-        if getattr(args, "edits", None) is not None:
-            _no_gguf_when_editable(model)
         for notice in settings.notices() if settings is not None else ():
             say("warning", notice)     # tensorfs.sources.remote: what the terminal must hear once
         mounted = build_mount(model, budget, args.layout, args.views, workers=args.workers)
