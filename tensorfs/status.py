@@ -228,7 +228,7 @@ def _row(mountpoint: str, status: dict, pid: int | None) -> dict:
             "tensors": status.get("tensors"), "state": status.get("state"),
             "reason": status.get("reason"), "last_failure": status.get("last_failure"),
             "shown": shown_state(status), "log": status.get("log"),
-            "gguf": status.get("gguf") or []}
+            "gguf": status.get("gguf") or [], "gguf_note": status.get("gguf_note")}
 
 
 def _descriptor_mounts(running) -> list[dict]:

@@ -187,4 +187,6 @@ def cmd_list(args) -> int:
         sys.stdout.write("  ".join(f"{r[i]:<{widths[i]}}" for i in range(4)) + "  " + r[4] + "\n")
         if i and rows[i - 1]["gguf"]:       # the converter's GGUF files it offers (hfgguf)
             sys.stdout.write("  offers " + printable(", ".join(rows[i - 1]["gguf"])) + "\n")
+        elif i and rows[i - 1]["gguf_note"]:    # or why it offers none
+            sys.stdout.write("  offers no GGUF: " + printable(rows[i - 1]["gguf_note"]) + "\n")
     return 0

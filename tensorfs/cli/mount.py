@@ -244,6 +244,8 @@ def _mount_info(model, named: str) -> dict:
             "files": _served_files(model)}
     if isinstance(model.companions, Companions) and model.companions.gguf_files:
         info["gguf"] = [f"files/{f.name}" for f in model.companions.gguf_files]
+    if isinstance(model.companions, Companions) and model.companions.gguf_note:
+        info["gguf_note"] = model.companions.gguf_note
     return info
 
 

@@ -13,6 +13,7 @@ of the alignment, zeros between:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import threading
@@ -206,3 +207,25 @@ class GgufSource(Source):
 
     def vouch(self, offset: int = 0, size: int = 0) -> None:
         self.like.vouch()
+
+
+def recompose(gguf: GgufSource, files: dict[str, ComposedFile]) -> GgufSource:
+    """``gguf`` as the converter writes it from the model as edited (``--edits``,
+    ``tensorfs.mount.editversions``): ``files`` is each model file (by path) composed for the
+    edits, its tensors' bytes replaced but their names, types and shapes kept, so that the
+    plan is the same but for where each tensor's bytes are read from -- then permuted,
+    widened or quantized on read as from the source's."""
+    edited = {(path, t.name): t for path, composed in files.items()
+              for t in composed.model_file.tensors}
+    tensors = []
+    for t in gguf.plan.tensors:
+        if t.source is not None:
+            now = edited.get((t.source.file, t.source.name))
+            if now is None or (now.dtype, now.shape, now.nbytes) != (
+                    t.source.dtype, t.source.shape, t.source.nbytes):
+                raise ValueError(f"{t.source.name}: renamed, removed or changed in type or "
+                                 "shape by an edit")
+            t = dataclasses.replace(t, source=now)
+        tensors.append(t)
+    plan = dataclasses.replace(gguf.plan, tensors=tensors)
+    return GgufSource(gguf.name, compose(plan, dict(files), gguf.name), gguf.like, plan)

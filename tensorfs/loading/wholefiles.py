@@ -326,6 +326,8 @@ class Companions(tuple):
     def say_refused(self) -> None:
         for path, why in self.refused:
             log.warning("%s: not served in files/: %s", path, why)
+        if self.gguf_note:
+            log.info("GGUF: none offered: %s", self.gguf_note)
 
 
 def _close_least_recent() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import time
 from abc import ABC, abstractmethod
@@ -18,8 +19,9 @@ from collections.abc import Callable, Iterator
 
 from tensorfs.editing.session import Committed, EditSession
 from tensorfs.editing.store import EditState, EditStore
+from tensorfs.loading.wholefiles import Companions
 from tensorfs.mount.edithandles import Scratch, WriteHandle
-from tensorfs.mount.editversions import ComposedView, GeneratedVersion, IndexView
+from tensorfs.mount.editversions import ComposedView, GeneratedVersion, GgufVersion, IndexView
 from tensorfs.mount.metadata_files import DIRECTORY, metadata_file_name
 from tensorfs.mount.metadata_json import metadata_json_pieces
 from tensorfs.mount.tree import TENSOR_VIEWS, TensorXattrs, describe
@@ -35,6 +37,12 @@ NPY_SLACK = 1 << 16
 # kernel opens what a lookup answered, which an edit in between may have replaced.
 OLD_VERSIONS_KEPT = 16
 READ_ONLY_TOP = frozenset({"files", "headers", "header.bin", "metadata.json"})
+# why an editable mount offers none of the converter's GGUF files while a tensor is renamed
+# or removed (tensorfs.hfgguf: the GGUF follows edits of tensors' bytes only)
+GGUF_NOT_FOLLOWED = ("a tensor is renamed or removed by an edit: the converter's GGUF files "
+                     "follow edits of tensors' bytes only")
+
+log = logging.getLogger("tensorfs")
 
 #: what ``Editor.on_change`` is: called with the nodes an edit changed, once the edit is
 #: done (the FUSE adapter's ``TensorFS._changed``, which has the kernel drop what it cached)
@@ -109,6 +117,20 @@ class EditorBase(ABC):
                     self._whole_paths.append(f.path)
             if session.index is not None:
                 self._serve_index(files)
+        # a Hugging Face directory's GGUF files (tensorfs.hfgguf): [source, name, node or
+        # None while not offered, xattrs], composed from the model as edited
+        self._gguf: list[list] = []
+        companions = model.companions
+        if files is not None and isinstance(companions, Companions):
+            for gguf in companions.gguf_files:
+                name = entry_name(gguf.name)
+                node = files.children.get(name)
+                if node is not None:
+                    self._gguf.append([gguf, name, node, node.xattrs])
+            if self._gguf:
+                self._new_gguf_versions(store.state, None)
+                if self._gguf[0][2] is None:        # what list says of the mount
+                    companions.gguf_files, companions.gguf_note = (), GGUF_NOT_FOLLOWED
 
     def _serve_index(self, files) -> None:
         """A sharded safetensors model's index in files/: its weight_map follows the
@@ -173,12 +195,40 @@ class EditorBase(ABC):
             self.index_node = new
         for node, new in replaced:
             self._replace_node(directory, node, new)
+        self._new_gguf_versions(state, composed)
         if self.metadata_json is not None:      # its view: _refresh_generated
             new = self.tree.new_node(self.metadata_json.view, self.metadata_json.xattrs)
             self._replace_node(self.tree.root, self.metadata_json, new)
             self.metadata_json = new
         self._forget_old()
         self._touch(directory, self.tree.root)
+
+    def _new_gguf_versions(self, state: EditState, composed: dict | None) -> None:
+        """The converter's GGUF files as ``state`` makes the model (``GgufVersion``), each a
+        new inode like the model files; none while an edit renames or removes a tensor (the
+        converter's output is then another plan's), back once none does."""
+        directory = self._files_dir
+        if not self._gguf or directory is None:
+            return
+        followed = all(edit.name == original for original, edit in state.tensors.items())
+        if followed != (self._gguf[0][2] is not None):
+            log.info("GGUF: %s", "offered again: no tensor is renamed or removed" if followed
+                     else f"none offered now: {GGUF_NOT_FOLLOWED}")
+        for entry in self._gguf:
+            gguf, name, node, xattrs = entry
+            if followed:
+                new = self.tree.new_node(GgufVersion(self.session, gguf, state, self.mtime_ns,
+                                                     composed), xattrs)
+                if node is not None:
+                    self._replace_node(directory, node, new)
+                else:
+                    directory.children[name] = new
+                entry[2] = new
+            elif node is not None:
+                if directory.children.get(name) is node:
+                    del directory.children[name]
+                self._old[node.ino] = None
+                entry[2] = None
 
     def _replace_node(self, directory: DirNode, node: FileNode, new: FileNode) -> None:
         children = directory.children

@@ -1,9 +1,10 @@
 """The versions an editable mount serves of what an edit changes as a whole (``--edits DIR``,
 docs/reference/editing.md): a model file of files/ composed for one state of the edits
-(``ComposedView``), metadata.json (``GeneratedVersion``) and a sharded model's index
-(``IndexView``).  Each is one version: an edit makes a new node with a new one
-(``tensorfs.mount.editbase.EditorBase._new_versions``), so that an open reads one version
-whole."""
+(``ComposedView``), metadata.json (``GeneratedVersion``), a sharded model's index
+(``IndexView``) and a Hugging Face directory's GGUF files as the converter writes them from
+the edited model (``GgufVersion``, docs/reference/hf-gguf.md).  Each is one version: an edit
+makes a new node with a new one (``tensorfs.mount.editbase.EditorBase._new_versions``), so
+that an open reads one version whole."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from concurrent.futures import Future
 from tensorfs.editing.compose import ComposedFile
 from tensorfs.editing.session import EditSession
 from tensorfs.editing.store import EditState
+from tensorfs.hfgguf.served import GgufSource, recompose
 from tensorfs.views.base import View
 from tensorfs.views.byteviews import GeneratedView
 
@@ -94,3 +96,58 @@ class IndexView(View):
 
     def read(self, offset: int, size: int) -> bytes:
         return self._bytes()[offset:offset + size]
+
+
+class GgufVersion(View):
+    """One of the converter's GGUF files in files/ of an editable mount, one version of it:
+    composed from the model files as one ``EditState`` makes them (when first read), its
+    tensors' bytes the edited ones, permuted or quantized as the converter would.  The same
+    size as the GGUF of the directory on disk: only tensors' bytes change (a state that
+    renames or removes a tensor offers no GGUF: ``Editor._new_gguf_versions``)."""
+
+    cheap_size = True
+    mtime_ns: int | None
+
+    def __init__(self, session: EditSession, gguf: GgufSource, state: EditState, mtime_ns: int,
+                 composed: dict[str, ComposedFile] | None = None):
+        self.session = session
+        self.gguf = gguf
+        self.state = state
+        self._files = composed
+        self._source: GgufSource | None = None
+        self.mtime_ns = mtime_ns
+
+    def source(self) -> GgufSource:
+        found = self._source
+        if found is None:
+            with self.session.lock:
+                found = self._source
+                if found is None:
+                    files = self._files
+                    if files is None:
+                        files = self.session.composed_all(self.state)
+                    found = self._source = recompose(self.gguf, files)
+                    self._files = None
+        return found
+
+    @property
+    def size(self) -> int:
+        return self.gguf.size
+
+    def snapshot(self) -> View:
+        return self
+
+    def read_into(self, offset: int, buf) -> int:
+        if offset >= self.size or len(buf) == 0:
+            return 0
+        return self.source().read_into(offset, memoryview(buf)[:self.size - offset])
+
+    def read_or_wait(self, offset: int, buf) -> int | Future[int]:
+        if offset >= self.size or len(buf) == 0:
+            return 0
+        return self.source().read_or_wait(offset, memoryview(buf)[:self.size - offset])
+
+    def read(self, offset: int, size: int) -> bytes:
+        out = bytearray(max(0, min(size, self.size - offset)))
+        n = self.read_into(offset, memoryview(out)) if out else 0
+        return bytes(out[:n])

@@ -196,6 +196,14 @@ def test_a_directory_the_converter_refuses_still_serves_its_tensors(bad, convert
     mnt = mount(d)
     names = os.listdir(mnt / "files")
     assert not [n for n in names if n.endswith(".gguf")], names
+    row = next(r for r in json.loads(run_tensorfs("list", "--json").stdout)
+               if r["mountpoint"] == str(mnt))      # list and the log say why too
+    assert row["gguf"] == [] and said in row["gguf_note"], row
+    text = run_tensorfs("list").stdout.splitlines()
+    at = next(i for i, line in enumerate(text) if line.startswith(str(mnt) + " "))
+    assert text[at + 1].startswith("  offers no GGUF: ") and said in text[at + 1], text
+    logged = [line for line in Path(row["log"]).read_text().splitlines() if "GGUF: " in line]
+    assert len(logged) == 1 and said in logged[0], logged
     assert (mnt / "files" / "model.safetensors").read_bytes() == (d / "model.safetensors").read_bytes()
 
 
@@ -331,3 +339,79 @@ def test_an_hf_repository_serves_the_gguf_reading_only_what_is_read(converted, t
         with contextlib.suppress(StopIteration):
             next(mounts)
         server.stop()
+
+
+def _tensor_bytes(path: Path, name: str) -> tuple[list[int], bytes]:
+    """A safetensors file's tensor: (shape, bytes), read by its header (numpy has no
+    bfloat16 for safe_open)."""
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    entry = json.loads(raw[8:8 + size])[name]
+    start, end = entry["data_offsets"]
+    return entry["shape"], raw[8 + size + start:8 + size + end]
+
+
+def test_an_edit_shows_in_the_gguf_as_the_converter_writes_it(converted, tmp_path, mount):
+    """--edits: tensors overwritten through their raw files (dd conv=notrunc) show in the
+    tensor files, files/model.safetensors and the GGUF files, which are cmp-equal to the
+    converter's from the edited directory (a replaced q_proj comes out permuted, a matrix in
+    Q8_0 quantized from its new values); never the old bytes.  A removed tensor: no GGUF
+    is offered (the converter's plan would be another), the log says why in one line."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from tests.hfgguf.tiny import as_dtype
+
+    model = converted("llama")
+    mnt = mount(model.dir, "--edits", tmp_path / "edits", name="edited")
+    offered = sorted(n for n in os.listdir(mnt / "files") if n.endswith(".gguf"))
+    assert offered == sorted(e.name for e in model.expected)
+    rng = np.random.default_rng(7)
+    new = {}
+    for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.1.self_attn.q_proj.weight"):
+        shape = _tensor_bytes(model.dir / "model.safetensors", name)[0]
+        new[name] = as_dtype(rng.standard_normal(shape) * 0.05, "BF16")
+        raw = mnt.joinpath(*name.split("."))
+        old = raw.read_bytes()
+        assert len(old) == len(new[name]) and old != new[name]
+        (tmp_path / "new.bin").write_bytes(new[name])
+        result = subprocess.run(["dd", f"if={tmp_path / 'new.bin'}", f"of={raw}", "conv=notrunc",
+                                 "status=none"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert raw.read_bytes() == new[name]
+    edited = tmp_path / model.dir.name
+    shutil.copytree(model.dir, edited)
+    shutil.copyfile(mnt / "files" / "model.safetensors", edited / "model.safetensors")
+    for name, data in new.items():
+        assert _tensor_bytes(edited / "model.safetensors", name)[1] == data
+
+    assert sorted(n for n in os.listdir(mnt / "files") if n.endswith(".gguf")) == offered
+    expected = {}
+    for gguf_file in offered:
+        served = mnt / "files" / gguf_file
+        if "BF16" in gguf_file:         # the matrix in its own type: its bytes as they are
+            copy = shutil.copyfile(served, tmp_path / gguf_file)   # the reader maps it: not the mount
+            tensor = next(t for t in GGUFReader(copy).tensors if t.name == "blk.0.ffn_down.weight")
+            assert bytes(tensor.data.tobytes()) == new["model.layers.0.mlp.down_proj.weight"]
+        outtype = "q8_0" if "Q8_0" in gguf_file else "bf16"
+        expected[gguf_file] = convert(edited, outtype, tmp_path / "out")
+        _same(expected[gguf_file], served)
+
+    # a tensor renamed: the converter's plan would be another, so none is offered; renamed
+    # back: offered again, with the edits
+    up = mnt / "model" / "layers" / "1" / "mlp" / "up_proj"
+    for there, back in ((up / "weight", up / "moved"), (up / "moved", up / "weight")):
+        result = subprocess.run(["mv", str(there), str(back)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        now = sorted(n for n in os.listdir(mnt / "files") if n.endswith(".gguf"))
+        assert now == ([] if back.name == "moved" else offered), now
+    _same(expected[offered[0]], mnt / "files" / offered[0])
+    row = next(r for r in json.loads(run_tensorfs("list", "--json").stdout)
+               if r["mountpoint"] == str(mnt))
+    logged = [line for line in Path(row["log"]).read_text().splitlines() if "GGUF: " in line]
+    assert len(logged) == 2 and "renamed or removed" in logged[0], logged
+    # the edits kept in DIR, mounted again: the GGUF files follow them from the start
+    assert run_tensorfs("unmount", mnt).returncode == 0
+    again = mount(model.dir, "--edits", tmp_path / "edits", name="again")
+    for gguf_file in offered:
+        _same(expected[gguf_file], again / "files" / gguf_file)
