@@ -105,24 +105,25 @@ def test_what_still_reads_is_said_for_each_kind_of_file():
 
 def test_a_companion_changed_or_replaced_before_its_first_read_is_named(tmp_path, mount):
     """A companion is opened at its first read: one rewritten, or replaced by a rename, since
-    the mount reads EIO for good, and ``list`` names it (it said "serving")."""
+    the mount reads EIO for good, and ``list`` names it (it said "serving").  Files no GGUF
+    plan reads (config.json and the tokenizer's are read at the mount, for files/'s GGUF)."""
     directory = tmp_path / "model"
     directory.mkdir()
     write_safetensors(directory / "model.safetensors")
-    config, tokenizer = directory / "config.json", directory / "tokenizer.json"
+    config, tokenizer = directory / "notes.json", directory / "vocab.json"
     config.write_text('{"model_type": "llama"}')
     tokenizer.write_text('{"version": "1.0"}')
     mnt = mount(directory)
     assert _row(mnt)["state"] == "serving"
     config.write_text('{"model_type": "mamba", "more": 1}')       # rewritten in place
-    new = directory / "tokenizer.json.part"
+    new = directory / "vocab.json.part"
     new.write_text('{"version": "2.0"}')
     new.rename(tokenizer)                                          # replaced by a rename
-    assert read_errno(mnt / "files" / "config.json") == errno.EIO
-    assert read_errno(mnt / "files" / "tokenizer.json") == errno.EIO
+    assert read_errno(mnt / "files" / "notes.json") == errno.EIO
+    assert read_errno(mnt / "files" / "vocab.json") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed", row
-    for path, name in ((config, "config.json"), (tokenizer, "tokenizer.json")):
+    for path, name in ((config, "notes.json"), (tokenizer, "vocab.json")):
         said = f"{path} (files/{name}) changed: replaced or rewritten since it was mounted"
         assert said in row["reason"], row
     assert row["reason"].count("it reads EIO, the tensors serve") == 2, row
@@ -136,14 +137,14 @@ def test_a_deleted_companion_is_named(tmp_path, mount):
     directory = tmp_path / "model"
     directory.mkdir()
     write_safetensors(directory / "model.safetensors")
-    config = directory / "config.json"
+    config = directory / "notes.json"             # a file no GGUF plan reads at the mount
     config.write_text('{"model_type": "llama"}')
     mnt = mount(directory)
     config.unlink()
-    assert read_errno(mnt / "files" / "config.json") == errno.EIO
+    assert read_errno(mnt / "files" / "notes.json") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed", row
-    assert row["reason"] == (f"{config} (files/config.json) changed: deleted or renamed away "
+    assert row["reason"] == (f"{config} (files/notes.json) changed: deleted or renamed away "
                              "since it was mounted; it reads EIO, the tensors serve"), row
 
 

@@ -398,8 +398,8 @@ def test_s3_through_the_tier_fetches_an_object_once(versions, moto, proxy, node,
 
 
 def _readiness_probe() -> str:
-    """The readiness command of docs/guide/fleet.md's DaemonSet, as ``sh -c`` runs it."""
-    page = (ROOT / "docs" / "fleet.md").read_text()
+    """The readiness command of docs/reference/fleet.md's DaemonSet, as ``sh -c`` runs it."""
+    page = (ROOT / "docs" / "reference" / "fleet.md").read_text()
     line = re.search(r"^ +command: \[sh, -c, (\".*tensorfs list --json.*\")\]$", page, re.M)
     return json.loads(line.group(1))
 
@@ -445,7 +445,7 @@ def test_a_node_served_through_a_descriptor_is_ready_by_the_pages_probe(versions
 
 
 def test_the_docs_show_the_config_the_tier_runs():
-    """docs/guide/fleet.md's nginx block is CACHE_TIER_SITE with the page's example values."""
-    page = (ROOT / "docs" / "fleet.md").read_text()
+    """docs/reference/fleet.md's nginx block is CACHE_TIER_SITE with the page's example values."""
+    page = (ROOT / "docs" / "reference" / "fleet.md").read_text()
     blocks = re.findall(r"```nginx\n(.*?)```", page, re.S)
     assert CACHE_TIER_SITE.format(**CACHE_TIER_EXAMPLE) in blocks
