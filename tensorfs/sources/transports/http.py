@@ -25,6 +25,7 @@ import os
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
+from tensorfs.sources.transports import receive
 from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Transport
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
@@ -46,9 +47,32 @@ class HttpTransport(Transport):
     etag_checked = True
     listable = False                # no listing: a path is asked by opening it
     hint_401 = ""
+    # the daemon's block fetches through http.client (``receive``), where chosen: made by
+    # ``_choose_receiver``, used once this process serves (``serve``)
+    _receiver: receive.Receiver | None = None
+    _serving = False
 
     def serve(self):
         serve_here()
+        self._serving = True
+
+    def _choose_receiver(self, https_only: bool) -> None:
+        """Whether this mount's reads are received through http.client
+        (``TENSORFS_HTTP_TRANSPORT``; obstore where options only it honours are given)."""
+        self._sizes: dict[str, int] = {}
+        self._mtimes: dict[str, float | None] = {}
+        try:
+            use = receive.chosen(self._extra) and receive.proxies_supported()
+        except ValueError as error:
+            raise ModelError("remote_options", str(error), file=display_url(self.url)) from None
+        self._receiver = (receive.Receiver(self.settings, self._headers,
+                                           self._extra.get("root_certificate"), https_only)
+                          if use else None)
+
+    def abort(self) -> None:
+        super().abort()
+        if self._receiver is not None:
+            self._receiver.abort()
 
     def reopen(self):
         """Nothing here belongs to one process: a store is made where it is first used."""
@@ -65,6 +89,7 @@ class HttpTransport(Transport):
         if login is not None and not any(k.lower() == "authorization" for k in self._headers):
             token = base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
+        self._choose_receiver(https_only=parts.scheme.lower() == "https")
 
     def real(self, path: str) -> str:
         """The URL to request for the displayed ``path``: the named URL's query put back
@@ -126,13 +151,16 @@ class HttpTransport(Transport):
                 raise
             body = b""
         modified = meta.get("last_modified")
-        return (meta["size"], meta.get("e_tag"), body,
-                modified.timestamp() if modified is not None else None)
+        mtime = modified.timestamp() if modified is not None else None
+        self._sizes[path], self._mtimes[path] = meta["size"], mtime
+        return meta["size"], meta.get("e_tag"), body, mtime
 
     def fetch(self, path, start, end, version, timeout, cancel=None):
         if end <= start:
             return b""
         etag = version if self.etag_checked else None
+        if self._receiver is not None and self._serving:
+            return self._receive(path, start, end, etag, timeout, cancel)
         store, relative = self._store(path)
         body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
@@ -140,6 +168,35 @@ class HttpTransport(Transport):
         if etag and meta.get("e_tag") != etag:
             raise FetchError("version", f"the file changed: ETag {meta.get('e_tag')} is not "
                              f"{etag}, the one pinned at mount")
+        size = self._sizes.get(path)
+        if size is not None and meta.get("size") not in (None, size):
+            raise FetchError("version", f"the file changed: it is {meta.get('size')} bytes now, "
+                             f"not {size}, as at mount")
+        return body
+
+    def _receive(self, path, start, end, etag, timeout, cancel):
+        """``fetch`` through http.client, into a reused buffer (``receive``), every answer
+        checked against what the probe pinned: its ETag, else its Last-Modified, and its
+        size (Content-Range's total)."""
+        assert self._receiver is not None
+        body, meta = self._receiver.get(
+            self.real(path), start, end, timeout, size=self._sizes.get(path),
+            if_match=etag if etag and not etag.startswith("W/") else None,
+            hint_401=self.hint_401, cancel=cancel)
+        if etag and meta["etag"] != etag:
+            raise FetchError("version", f"the file changed: ETag {meta['etag']} is not "
+                             f"{etag}, the one pinned at mount")
+        pinned = self._mtimes.get(path)
+        if self.etag_checked and not etag and pinned is not None and meta["last_modified"]:
+            from email.utils import parsedate_to_datetime
+
+            try:
+                now = parsedate_to_datetime(meta["last_modified"]).timestamp()
+            except (TypeError, ValueError):
+                now = None
+            if now is not None and now != pinned:
+                raise FetchError("version", "the file changed: its Last-Modified is not the "
+                                 "one at mount")
         return body
 
     def kind(self, path):
