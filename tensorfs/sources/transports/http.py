@@ -22,6 +22,7 @@ import base64
 import logging
 import netrc
 import os
+import threading
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
@@ -54,6 +55,9 @@ class HttpTransport(Transport):
 
     def serve(self):
         serve_here()
+        if self._receiver is not None and not self._serving:
+            threading.Thread(target=self._receiver.warm, name="tensorfs-receive-warm",
+                             daemon=True).start()
         self._serving = True
 
     def _choose_receiver(self, https_only: bool) -> None:

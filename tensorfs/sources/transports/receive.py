@@ -37,21 +37,23 @@ from __future__ import annotations
 
 import errno
 import heapq
-import http.client
 import itertools
 import logging
 import os
 import re
 import socket
-import ssl
 import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urljoin, urlsplit
 
 from tensorfs.sources.transports.base import Cancel, FetchError, status_error
+
+if TYPE_CHECKING:       # imported where first used: not on the mount command's path
+    import http.client
+    import ssl
 
 log = logging.getLogger("tensorfs")
 
@@ -91,10 +93,12 @@ def chosen(options: dict) -> bool:
     return True
 
 
-def trust_context(root_certificate: str | None) -> ssl.SSLContext:
+def trust_context(root_certificate: str | None) -> "ssl.SSLContext":
     """The certificates trusted, as the file reads through obstore (rustls) trust them:
     SSL_CERT_FILE and SSL_CERT_DIR where either is set (both, if both are), else the
     system's store; and ``root_certificate``'s PEM text beside them."""
+    import ssl
+
     cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
     cafile = cafile if cafile and os.path.isfile(cafile) else None
     capath = capath if capath and os.path.isdir(capath) else None
@@ -198,7 +202,7 @@ class _Request:
     its deadline passes."""
 
     def __init__(self):
-        self.conn: http.client.HTTPConnection | None = None
+        self.conn: "http.client.HTTPConnection | None" = None
         self.why = ""                   # "cancelled" or "timeout", once shut down
         self._lock = threading.Lock()
 
@@ -237,14 +241,14 @@ class Receiver:
         self.root_certificate = root_certificate
         self.https_only = https_only
         self.buffers = Buffers(settings.cache_bytes + (64 << 20))
-        self._context: ssl.SSLContext | None = None
+        self._context: "ssl.SSLContext | None" = None
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: set = set()         # every connection kept, for abort and the tests
         self.closing = False
 
     # -- connections ------------------------------------------------------------------------
-    def context(self) -> ssl.SSLContext:
+    def context(self) -> "ssl.SSLContext":
         if self._context is None:
             self._context = trust_context(self.root_certificate)
         return self._context
@@ -278,6 +282,7 @@ class Receiver:
         return conn, False, key
 
     def _make(self, scheme, host, port, proxy, timeout):
+        import http.client
         if proxy is not None:
             p_host, p_port, _ = proxy
             if scheme == "https":
@@ -306,6 +311,16 @@ class Receiver:
         for conn in conns:
             _shut(conn)
 
+    def warm(self) -> None:
+        """What the first read would otherwise wait for, done now (the daemon, in a thread):
+        http.client imported, the certificates to trust loaded."""
+        import http.client  # noqa: F401
+
+        try:
+            self.context()
+        except Exception:               # a bad trust setting: said by the first read
+            pass
+
     def open_connections(self) -> int:
         with self._lock:
             return sum(1 for conn in self._open if conn.sock is not None)
@@ -316,6 +331,7 @@ class Receiver:
             cancel: Cancel | None = None) -> tuple[bytearray, dict]:
         """Exactly ``[start, end)`` of ``url`` in a buffer of ``buffers``, and the answer's
         headers that matter (``etag``, ``last_modified``)."""
+        import http.client
         request = _Request()
         entry = _deadlines.add(time.monotonic() + timeout, lambda: request.stop("timeout"))
         if cancel is not None:
@@ -376,6 +392,8 @@ class Receiver:
         """Send the GET on the thread's connection to ``url``'s origin and read the answer's
         head; once again on a new connection where a kept one was closed by the server
         before answering."""
+        import http.client
+
         parts = urlsplit(url)
         scheme = parts.scheme
         host = parts.hostname or ""
@@ -413,6 +431,7 @@ class Receiver:
     def _finish(self, response, conn, key) -> None:
         """Done with an answer not wanted (a redirect, a refusal): its small body read so
         that the connection is kept, else the connection closed."""
+        import http.client
         length = response.length
         if not response.chunked and length is not None and length <= SMALL_BODY \
                 and not response.will_close:
@@ -491,6 +510,8 @@ class Receiver:
 
     @staticmethod
     def _classify(error: BaseException, url: str, timeout: float) -> FetchError:
+        import http.client
+        import ssl
         where = urlsplit(url).netloc.rpartition("@")[2]
         if isinstance(error, ssl.SSLCertVerificationError):
             why = error.verify_message or str(error)
@@ -557,13 +578,12 @@ def _proxy_for(scheme: str, host: str) -> tuple[str, int, str | None] | None:
 
 
 def proxies_supported() -> bool:
-    """Whether every proxy the environment names is one http.client reaches (plain http)."""
-    from urllib.request import getproxies_environment
-
-    for name, url in getproxies_environment().items():
-        if name == "no":
-            continue
-        parts = urlsplit(url if "://" in url else "http://" + url)
-        if parts.scheme != "http":
-            return False
+    """Whether every proxy the environment names is one http.client reaches (plain http).
+    Read without urllib.request (its imports are not the mount command's to pay): the
+    variables urllib reads, in either case."""
+    for name, value in os.environ.items():
+        if name.lower().endswith("_proxy") and name.lower() != "no_proxy" and value.strip():
+            scheme = value.strip().split("://", 1)[0].lower() if "://" in value else "http"
+            if scheme != "http":
+                return False
     return True
