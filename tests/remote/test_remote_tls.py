@@ -56,10 +56,14 @@ def https_server(fresh_nginx):
 
 
 @pytest.fixture
-def plain_env(tmp_path) -> dict:
-    """This process's environment without trust settings or endpoints of its own."""
-    return {k: v for k, v in os.environ.items()
-            if k not in NO_TRUST_ENV and not k.startswith(("HF_", "AWS_"))}
+def plain_env(tmp_path, receiver) -> dict:
+    """This process's environment without trust settings or endpoints of its own (and the
+    receiver of http(s) reads a ``receivers`` test runs with)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in NO_TRUST_ENV and not k.startswith(("HF_", "AWS_"))}
+    if receiver is not None:
+        env["TENSORFS_HTTP_TRANSPORT"] = receiver
+    return env
 
 
 @pytest.fixture
@@ -95,6 +99,7 @@ def test_a_trust_file_that_cannot_be_read_is_named(https_nginx, plain_env, tmp_p
     assert f"SSL_CERT_FILE={missing} cannot be read" in line and "root_certificate=PATH" in line, line
 
 
+@pytest.mark.receivers
 @pytest.mark.slow
 @pytest.mark.parametrize("way", ["root_certificate=PATH", "root_certificate=TEXT",
                                  "SSL_CERT_FILE", "SSL_CERT_DIR"])
