@@ -262,3 +262,13 @@ def test_a_buffer_is_reused_only_once_nothing_holds_it():
     small = Buffers(MiB)
     a, b = small.take(MiB), small.take(MiB)
     assert a is not b and small.made == 2       # past the limit: a new one, not kept
+    del a, b
+    pieces = Buffers(4 * MiB)
+    for size in (MiB + 1, MiB + 2, MiB + 3):    # a random reader's pieces, each let go
+        pieces.take(size)
+    block = pieces.take(4 * MiB)                # room made: the pieces' buffers let go
+    kept = id(block)
+    assert pieces.take(4 * MiB) is not block    # held: a new one, not kept (no room)
+    del block
+    again = pieces.take(4 * MiB)
+    assert id(again) == kept and pieces.made == 5

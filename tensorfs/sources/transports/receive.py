@@ -140,11 +140,28 @@ class Buffers:
                     return buffer
             self.made += 1
             if self._bytes + size > self.limit:
+                self._make_room(size)
+            if self._bytes + size > self.limit:
                 return bytearray(size)
             buffer = bytearray(size)
             kept.append(buffer)
             self._bytes += size
             return buffer
+
+
+    def _make_room(self, size: int) -> None:
+        """Let go of free buffers of other sizes (a random reader's pieces) until ``size``
+        more fits: the sizes read now are the ones kept."""
+        for other, kept in self._kept.items():
+            if other == size:
+                continue
+            for buffer in list(kept):
+                # the pool's list, the copy's, the loop's name and getrefcount's argument
+                if sys.getrefcount(buffer) == self._FREE + 1:
+                    kept.remove(buffer)
+                    self._bytes -= other
+                    if self._bytes + size <= self.limit:
+                        return
 
 
 # -- deadlines ------------------------------------------------------------------------------
