@@ -262,6 +262,7 @@ class Receiver:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: set = set()         # every connection kept, for abort and the tests
+        self._proxies: dict = {}        # (scheme, host) -> _proxy_for's answer
         self.closing = False
 
     # -- connections ------------------------------------------------------------------------
@@ -418,7 +419,9 @@ class Receiver:
         target = parts.path or "/"
         if parts.query:
             target += "?" + parts.query
-        proxy = _proxy_for(scheme, host)
+        proxy = self._proxies.get((scheme, host), False)
+        if proxy is False:              # the environment read once per scheme and host
+            proxy = self._proxies[(scheme, host)] = _proxy_for(scheme, host)
         sent = headers
         if scheme == "http" and proxy is not None:     # a plain request through the proxy
             target = f"http://{parts.netloc.rpartition('@')[2]}{target}"
