@@ -60,7 +60,7 @@ log = logging.getLogger("tensorfs")
 ENV = "TENSORFS_HTTP_TRANSPORT"
 HTTP_CLIENT, OBSTORE = "http.client", "obstore"
 CHOICES = (HTTP_CLIENT, OBSTORE)
-DEFAULT = HTTP_CLIENT
+DEFAULT = OBSTORE                  # until http.client meets every goal side by side (copylimit.md)
 # the storage options http.client honours; any other (an obstore client option) keeps obstore
 OPTIONS = frozenset({"root_certificate"})
 MAX_REDIRECTS = 10                  # reqwest's default
