@@ -23,7 +23,7 @@ SKIP_REASON = (f"the remote extra is not installed (missing {', '.join(MISSING)}
 
 
 
-# the receivers of a mount's http(s) reads (docs/remote.md, "Which client receives"): a test
+# the receivers of a mount's http(s) reads (docs/receive.md): a test
 # marked ``receivers`` runs once with each, the others with the default
 RECEIVERS = ["http.client", "obstore"]
 

@@ -1,4 +1,4 @@
-"""The two receivers of a mount's http(s) reads (docs/remote.md, "Which client receives"):
+"""The two receivers of a mount's http(s) reads (docs/receive.md):
 ``http.client`` into reused buffers (``tensorfs.sources.transports.receive``) and obstore,
 chosen by ``TENSORFS_HTTP_TRANSPORT``.  Each is held to the same answers, at read time (the
 probe at mount is obstore's either way): the bytes right; an answer that is not the range
