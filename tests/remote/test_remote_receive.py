@@ -137,6 +137,35 @@ def test_a_chunked_answer_of_the_range_is_read_or_refused(transport, data, hosti
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_trickling_answer_ends_within_the_timeout(transport, data, hostile, rmount):
+    """A byte every 0.1 s never lets one receive wait out a socket timeout: the request's
+    own deadline ends it (EIO within --timeout and the retries' pauses), the daemon alive."""
+    import asyncio
+    import time
+
+    state = {"n": 0}
+
+    async def answer(method, path, headers):
+        state["n"] += 1
+        start, last = _range(headers)
+        if state["n"] == 1:
+            yield _honest(data, start, last)
+            return
+        whole = _honest(data, start, last)
+        head = whole[:whole.index(b"\r\n\r\n") + 4]
+        yield head
+        for i in range(80):             # 8 s of it, then the connection closes
+            await asyncio.sleep(0.1)
+            yield whole[len(head) + i:len(head) + i + 1]
+    server = hostile(answer)
+    mnt = rmount(f"{server.url}/m.safetensors", "--timeout", "3", env={ENV: transport})
+    t0 = time.monotonic()
+    assert read_errno(_big(mnt)) == 5
+    assert time.monotonic() - t0 < 15
+    assert alive(daemon_pid(mnt))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_relative_redirect_is_followed_and_a_loop_refused(transport, data, hostile, rmount):
     def redirect(path, start, last):
         if path.startswith("/real/"):
