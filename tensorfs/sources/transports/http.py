@@ -56,8 +56,9 @@ class HttpTransport(Transport):
     def serve(self):
         serve_here()
         if self._receiver is not None and not self._serving:
-            threading.Thread(target=self._receiver.warm, name="tensorfs-receive-warm",
-                             daemon=True).start()
+            # an https URL (or Hub endpoint) loads its trust now; a plain one never needs it
+            threading.Thread(target=self._receiver.warm, args=(self._receiver.https_only,),
+                             name="tensorfs-receive-warm", daemon=True).start()
         self._serving = True
 
     def _choose_receiver(self, https_only: bool) -> None:
