@@ -6,7 +6,8 @@ HTTP (issue 31), in one run on one loopback nginx started here (tests/support/se
 
 Systems, interleaved round by round (each round starts with curl's, and the ratios to curl
 are taken within a round: the machine's load moves between rounds), each row on a fresh
-mount: tensorfs (`files/NAME`, the remote file's bytes), `rclone mount :http:` with
+mount: tensorfs (`files/NAME`, the remote file's bytes) once per receiver of its http reads
+(`TENSORFS_HTTP_TRANSPORT`: "tensorfs http.client", "tensorfs obstore"), `rclone mount :http:` with
 `--vfs-cache-mode off` and `full` (Debian's rclone; `make bench` installs it).  Rows (best of --repeat):
 
   one reader      MB/s reading the whole file in 1 MiB reads
@@ -148,6 +149,8 @@ class Bench:
         env = self.env
         if system == "tensorfs before":
             env = dict(env, PYTHONPATH=self.args.baseline)
+        elif system.startswith("tensorfs "):       # the receiver this system names
+            env = dict(env, TENSORFS_HTTP_TRANSPORT=system.split(" ", 1)[1])
         done = subprocess.run(self.mount_command(system, mnt), env=env, capture_output=True,
                               text=True, cwd=self.work, check=False)     # not this tree: `-m` looks in "."
         if done.returncode:
@@ -263,9 +266,10 @@ class Bench:
         self.keep("curl", "first", time.perf_counter() - t0)
 
     def run(self) -> None:
-        systems = ["tensorfs", "rclone off", "rclone full"]
+        systems = [f"tensorfs {t}" for t in self.args.transports.split(",")]
+        systems += ["rclone off", "rclone full"]
         if self.args.baseline:
-            systems.insert(1, "tensorfs before")
+            systems.insert(len(systems) - 2, "tensorfs before")
         for _ in range(self.args.repeat):
             self.keep("load", "load", os.getloadavg()[0])
             self.curl_round()
@@ -314,6 +318,8 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="DIR",
                         help="also a tensorfs tree from DIR (git archive of another commit), "
                              "interleaved: a before/after in the same run")
+    parser.add_argument("--transports", default="http.client,obstore",
+                        help="the receivers of tensorfs's http reads to run, comma-separated")
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the page cache before each mount (a fresh mount's files "
                              "start uncached anyway; this also drops nginx's copy)")

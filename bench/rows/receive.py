@@ -12,6 +12,11 @@ read it in 4 MiB ranges, each range once, as the mount's fetch threads do.  Ways
   get_range  obstore ``get_range``: its own ``Bytes`` (buffer protocol, no Python ``bytes``
              made), but unbounded (it takes any body whole): what obstore's zero-copy
              buffer would save, were it offered bounded
+  http.client  ``tensorfs.sources.transports.receive.Receiver``: http.client's ``readinto``
+             into a reused buffer, on a kept connection per thread (what a mount does with
+             ``TENSORFS_HTTP_TRANSPORT=http.client``)
+  curl       ``--threads`` curl processes, each receiving its share of the file in one
+             request (their CPU: the reference)
 
 Rows: process CPU s (user + system), minor page faults and context switches (voluntary and
 not) per GiB received, best of ``--repeat``; the figures depend on the machine's load
@@ -82,10 +87,36 @@ def way_get_range(store, name):
     return work
 
 
+def way_receiver(url):
+    from tensorfs.sources.transports.receive import Receiver
+    from tensorfs.sources.urls import RemoteSettings
+
+    receiver = Receiver(RemoteSettings(timeout=60), {}, None, https_only=False)
+
+    def work(state, start, end):
+        body, _ = receiver.get(url, start, end, 60, size=None)
+        assert len(body) == end - start
+    return work
+
+
+def curl(url: str, size: int, threads: int) -> None:
+    import subprocess
+
+    procs = [subprocess.Popen(["curl", "-s", "-o", "/dev/null", "-r",
+                               f"{k * size // threads}-{(k + 1) * size // threads - 1}", url])
+             for k in range(threads)]
+    for p in procs:
+        p.wait()
+
+
 def measure(work, size: int, threads: int) -> tuple[float, float, float]:
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    run_threads(threads, work, ranges(size))
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    who = resource.RUSAGE_CHILDREN if isinstance(work, str) else resource.RUSAGE_SELF
+    before = resource.getrusage(who)
+    if isinstance(work, str):
+        curl(work, size, threads)
+    else:
+        run_threads(threads, work, ranges(size))
+    after = resource.getrusage(who)
     gib = size / (1 << 30)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     switches = (after.ru_nvcsw - before.ru_nvcsw) + (after.ru_nivcsw - before.ru_nivcsw)
@@ -113,7 +144,8 @@ def main() -> None:
         size = os.path.getsize(path)
         store = HTTPStore.from_url(url.rsplit("/", 1)[0], client_options={"allow_http": True})
         obstore.head(store, "blob")
-        ways = {"stream": way_stream(store, "blob"), "get_range": way_get_range(store, "blob")}
+        ways = {"stream": way_stream(store, "blob"), "get_range": way_get_range(store, "blob"),
+                "http.client": way_receiver(url), "curl": url}
         results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ways}
         loads = []
         for _ in range(args.repeat):

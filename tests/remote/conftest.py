@@ -23,6 +23,22 @@ SKIP_REASON = (f"the remote extra is not installed (missing {', '.join(MISSING)}
 
 
 
+# the receivers of a mount's http(s) reads (docs/internals/receive.md): a test
+# marked ``receivers`` runs once with each, the others with the default
+RECEIVERS = ["http.client", "obstore"]
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("receivers") and "receiver" in metafunc.fixturenames:
+        metafunc.parametrize("receiver", RECEIVERS, indirect=True)
+
+
+@pytest.fixture
+def receiver(request) -> str | None:
+    """The receiver a ``receivers`` test runs with (None: the default)."""
+    return getattr(request, "param", None)
+
+
 def pytest_collection_modifyitems(config, items):
     if not MISSING:
         return
@@ -182,11 +198,14 @@ def proxy():
 # -- running tensorfs against them ------------------------------------------------------------
 
 @pytest.fixture
-def remote_env(nginx, moto, tmp_path) -> dict[str, str]:
+def remote_env(nginx, moto, tmp_path, receiver) -> dict[str, str]:
     """The environment a user would set: HF_ENDPOINT at nginx, the AWS endpoint at moto; a
-    private HF_HOME (no token saved on this machine reaches the tests), no HF_TOKEN."""
+    private HF_HOME (no token saved on this machine reaches the tests), no HF_TOKEN; the
+    receiver of http(s) reads a ``receivers`` test runs with."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HF_", "HUGGING_FACE_", "AWS_"))}
+    if receiver is not None:
+        env["TENSORFS_HTTP_TRANSPORT"] = receiver
     env.update(moto.env())
     env.update({"HF_ENDPOINT": nginx.url, "HF_HOME": str(tmp_path / "hf-home"),
                 "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1"})

@@ -137,6 +137,7 @@ def test_a_lying_answer_at_mount_is_one_line_and_is_not_read_past_the_range(kind
     assert peak < 300 * MiB, peak
 
 
+@pytest.mark.receivers
 @pytest.mark.parametrize("kind", ["long", "endless", "gzip", "other-range"])
 def test_a_lying_answer_to_a_read_is_eio_and_is_not_read_past_the_range(kind, corpus, hostile,
                                                                        rmount, tmp_path):
@@ -232,6 +233,7 @@ def test_the_hubs_answers_are_bounded(where, how, nginx, hostile, remote_env):
     assert peak < 300 * MiB, peak
 
 
+@pytest.mark.receivers
 def test_the_token_is_not_sent_to_another_origin(nginx, corpus, hostile, rmount):
     server = hostile(_hub_api(nginx))
     mark = nginx.log_mark()

@@ -150,6 +150,7 @@ def _error_lines(log: Path) -> list[str]:
     return [line for line in log.read_text().splitlines() if "ERROR" in line]
 
 
+@pytest.mark.receivers
 def test_an_http_object_replaced_under_a_live_mount_gives_eio(fresh_nginx, versions, rmount, tmp_path):
     old_path, old, new_path, new = versions
     server = fresh_nginx()
@@ -211,6 +212,7 @@ def test_a_hub_branch_that_moves_under_a_live_mount_changes_nothing(fresh_nginx,
 
 # -- the server goes away, stalls, fails ------------------------------------------------------
 
+@pytest.mark.receivers
 def test_nginx_stopped_under_a_live_mount_gives_eio_within_the_timeout(fresh_nginx, corpus, rmount):
     server = fresh_nginx()
     model = corpus.models["big"]
@@ -267,6 +269,7 @@ def many_tensors(nginx, tmp_path_factory):
     return {n: a.tobytes() for n, a in values.items()}
 
 
+@pytest.mark.receivers
 @settings(max_examples=12, phases=[Phase.generate], database=None, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(faults=st.lists(st.sampled_from(["drop", "503", "429"]), max_size=RETRIES + 2))
@@ -305,6 +308,7 @@ def test_a_server_that_keeps_failing_gives_eio_and_the_daemon_lives(nginx, proxy
     assert alive(daemon_pid(mnt))
 
 
+@pytest.mark.receivers
 def test_a_stall_ends_in_eio_within_the_timeout_and_other_reads_go_on(nginx, proxy, many_tensors,
                                                                       rmount):
     p = proxy(nginx.port)
@@ -357,6 +361,7 @@ def _a_read_hanging_on_the_server(proxy, nginx, remote_env, tmp_path):
             subprocess.run(["fusermount", "-uz", str(mnt)], capture_output=True, check=False)
 
 
+@pytest.mark.receivers
 def test_unmount_does_not_wait_for_a_hanging_request(nginx, proxy, many_tensors, remote_env, tmp_path):
     with _a_read_hanging_on_the_server(proxy, nginx, remote_env, tmp_path) as (_, mnt, stopped):
         result = run_tensorfs("unmount", "--lazy", mnt, env=remote_env, timeout=60)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support import run_tensorfs
 from tests.support.reliability_models import daemon_pid
 from tests.support.remote_checks import HF_TOKEN, assert_matches_reference, doc_of
@@ -50,6 +52,7 @@ def test_hf_token_appears_nowhere(rmount, corpus, tmp_path):
     _assert_nowhere(HF_TOKEN, _everywhere(mnt, log, daemon_pid(mnt)))
 
 
+@pytest.mark.receivers
 def test_a_password_and_a_signature_in_a_url_appear_nowhere(nginx, corpus, rmount, tmp_path):
     host = nginx.url.removeprefix("http://")
     url = (f"http://{BASIC_USER}:{BASIC_PASSWORD}@{host}/basic/mixed/mixed.gguf"

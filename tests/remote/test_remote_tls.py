@@ -56,10 +56,14 @@ def https_server(fresh_nginx):
 
 
 @pytest.fixture
-def plain_env(tmp_path) -> dict:
-    """This process's environment without trust settings or endpoints of its own."""
-    return {k: v for k, v in os.environ.items()
-            if k not in NO_TRUST_ENV and not k.startswith(("HF_", "AWS_"))}
+def plain_env(tmp_path, receiver) -> dict:
+    """This process's environment without trust settings or endpoints of its own (and the
+    receiver of http(s) reads a ``receivers`` test runs with)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in NO_TRUST_ENV and not k.startswith(("HF_", "AWS_"))}
+    if receiver is not None:
+        env["TENSORFS_HTTP_TRANSPORT"] = receiver
+    return env
 
 
 @pytest.fixture
@@ -95,6 +99,7 @@ def test_a_trust_file_that_cannot_be_read_is_named(https_nginx, plain_env, tmp_p
     assert f"SSL_CERT_FILE={missing} cannot be read" in line and "root_certificate=PATH" in line, line
 
 
+@pytest.mark.receivers
 @pytest.mark.slow
 @pytest.mark.parametrize("way", ["root_certificate=PATH", "root_certificate=TEXT",
                                  "SSL_CERT_FILE", "SSL_CERT_DIR"])
@@ -282,3 +287,91 @@ def test_a_hub_endpoint_refused_names_root_certificate_among_the_ways(https_hub,
     line = _one_line(run_tensorfs("inspect", "hf://tfs/safetensors/model.safetensors",
                                   env=_hub_env(plain_env, https_hub, tmp_path)))
     assert "certificate is not trusted" in line and "root_certificate=PATH" in line, line
+
+
+class _ConnectProxy:
+    """A forward proxy that only tunnels (``CONNECT host:port``), as HTTPS_PROXY names one;
+    ``tunnels``: the targets it was asked for."""
+
+    def __init__(self):
+        import asyncio
+        import socket
+        import threading
+
+        self.tunnels: list[str] = []
+        self._loop = asyncio.new_event_loop()
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        import asyncio
+
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(asyncio.start_server(self._client, sock=self._sock))
+        self._loop.run_forever()
+
+    async def _client(self, reader, writer):
+        import asyncio
+
+        async def pipe(source, sink):
+            try:
+                while data := await source.read(1 << 16):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            method, target, _ = head.decode("latin-1").split(" ", 2)
+            if method != "CONNECT":
+                writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                writer.close()
+                return
+            self.tunnels.append(target)
+            host, _, port = target.rpartition(":")
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            writer.close()
+
+    def stop(self):
+        """Every tunnel's coroutine ended, then the loop (as ``Hostile.stop``)."""
+        import asyncio
+
+        async def end():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(end(), self._loop).result(timeout=10)
+        except Exception:               # any: the loop is stopped below all the same
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.mark.parametrize("transport", ["http.client", "obstore"])
+def test_https_proxy_tunnels_the_daemons_reads(https_nginx, private_ca, corpus, plain_env,
+                                               tmount, transport):
+    """HTTPS_PROXY, as curl reads it: every https request goes through a CONNECT tunnel,
+    the certificate still checked against the host named (the private CA trusted)."""
+    proxy = _ConnectProxy()
+    try:
+        model = corpus.models["big"]
+        env = _env(plain_env, HTTPS_PROXY=proxy.url, NO_PROXY="", no_proxy="",
+                   TENSORFS_HTTP_TRANSPORT=transport)
+        mnt = tmount(f"{https_nginx.url}/files/big/{model.entry}", "--storage-option",
+                     f"root_certificate={private_ca.trust}", env=env)
+        assert_matches_reference(mnt, model.files)
+        where = https_nginx.url.split("://", 1)[1]
+        assert len(proxy.tunnels) >= 2 and set(proxy.tunnels) == {where}, proxy.tunnels
+    finally:
+        proxy.stop()

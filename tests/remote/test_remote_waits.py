@@ -107,6 +107,7 @@ def _answered_while_readers_wait(p, mnt: Path, path: Path, first: int, step: int
     return done.stdout
 
 
+@pytest.mark.receivers
 def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, wide, rmount):
     p = proxy(nginx.port)
     mnt = rmount(f"{p.url}/files/wide/wide.safetensors", "--timeout", TIMEOUT)
@@ -119,6 +120,7 @@ def test_a_killed_reader_ends_its_fetch_and_the_bytes_come_later(nginx, proxy, w
     subprocess.run(["cmp", str(whole), str(wide)], check=True)
 
 
+@pytest.mark.receivers
 def test_a_killed_sequential_reader_ends_its_read_ahead(nginx, proxy, wide, rmount):
     """A reader far enough into a file to get read-ahead, then every request held: once it
     is killed, the connection of every held request closes, read-ahead's included."""

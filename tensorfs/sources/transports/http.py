@@ -23,10 +23,12 @@ import base64
 import logging
 import netrc
 import os
+import threading
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from tensorfs.errors import ModelError
-from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Pin, Transport
+from tensorfs.sources.transports import receive
+from tensorfs.sources.transports.base import PROBE_BYTES, FetchError, Pin, Transport, check_answer
 from tensorfs.sources.transports.objects import (
     NO_RETRIES,
     check_meta,
@@ -49,9 +51,34 @@ class HttpTransport(Transport):
     etag_checked = True             # the ETag and Last-Modified are the file's (not a CDN's)
     listable = False                # no listing: a path is asked by opening it
     hint_401 = ""
+    # the daemon's block fetches through http.client (``receive``), where chosen: made by
+    # ``_choose_receiver``, used once this process serves (``serve``)
+    _receiver: receive.Receiver | None = None
+    _serving = False
 
     def serve(self):
         serve_here()
+        if self._receiver is not None and not self._serving:
+            # an https URL (or Hub endpoint) loads its trust now; a plain one never needs it
+            threading.Thread(target=self._receiver.warm, args=(self._receiver.https_only,),
+                             name="tensorfs-receive-warm", daemon=True).start()
+        self._serving = True
+
+    def _choose_receiver(self, https_only: bool) -> None:
+        """Whether this mount's reads are received through http.client
+        (``TENSORFS_HTTP_TRANSPORT``; obstore where options only it honours are given)."""
+        try:
+            use = receive.chosen(self._extra) and receive.proxies_supported()
+        except ValueError as error:
+            raise ModelError("remote_options", str(error), file=display_url(self.url)) from None
+        self._receiver = (receive.Receiver(self.settings, self._headers,
+                                           self._extra.get("root_certificate"), https_only)
+                          if use else None)
+
+    def abort(self) -> None:
+        super().abort()
+        if self._receiver is not None:
+            self._receiver.abort()
 
     def reopen(self):
         """Nothing here belongs to one process: a store is made where it is first used."""
@@ -68,6 +95,7 @@ class HttpTransport(Transport):
         if login is not None and not any(k.lower() == "authorization" for k in self._headers):
             token = base64.b64encode(f"{login[0]}:{login[1]}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"
+        self._choose_receiver(https_only=parts.scheme.lower() == "https")
 
     def real(self, path: str) -> str:
         """The URL to request for the displayed ``path``: the named URL's query put back
@@ -138,11 +166,34 @@ class HttpTransport(Transport):
         if end <= start:
             return b""
         etag = pin.etag
+        if self._receiver is not None and self._serving:
+            return self._receive(path, start, end, pin, timeout, cancel)
         store, relative = self._store(path)
         body, meta = get_exact(store, relative, start, end, timeout=timeout,
                                if_match=etag if etag and not etag.startswith("W/") else None,
                                hint_401=self.hint_401, where=self._where(path), cancel=cancel)
         check_meta(pin, meta)
+        return body
+
+    def _receive(self, path, start, end, pin: Pin, timeout, cancel):
+        """``fetch`` through http.client, into a reused buffer (``receive``), every answer
+        checked against what the probe pinned (``check_answer``): its size (Content-Range's
+        total), ETag and Last-Modified."""
+        assert self._receiver is not None
+        etag = pin.etag
+        body, meta = self._receiver.get(
+            self.real(path), start, end, timeout, size=pin.size,
+            if_match=etag if etag and not etag.startswith("W/") else None,
+            hint_401=self.hint_401, cancel=cancel)
+        modified = None
+        if meta["last_modified"]:
+            from email.utils import parsedate_to_datetime
+
+            try:
+                modified = parsedate_to_datetime(meta["last_modified"]).timestamp()
+            except (TypeError, ValueError):
+                modified = None
+        check_answer(pin, etag=meta["etag"], modified=modified)
         return body
 
     def kind(self, path):

@@ -25,6 +25,7 @@ from tensorfs.sources.location import DIRECTORY, FILE
 from tensorfs.sources.transports.base import FetchError, bounded, missing_extra
 from tensorfs.sources.transports.http import HttpTransport
 from tensorfs.sources.transports.objects import obstore, python_tls_problem, trusted_roots
+from tensorfs.sources.transports.receive import trust_context
 from tensorfs.sources.urls import display_url
 
 # The Hub answers a revision's info and a listing's page in JSON of a few hundred KiB (a
@@ -89,23 +90,6 @@ def _bound_answers() -> None:
     client._tensorfs_bounded = True  # type: ignore[attr-defined]  # httpx's, tagged
 
 
-def trust_context(root_certificate: str | None):
-    """The certificates the Hub's API requests trust, as the file reads (rustls) do:
-    SSL_CERT_FILE and SSL_CERT_DIR where either is set (both, if both are: httpx alone would
-    read only the file), else the system's store; and ``root_certificate``'s PEM text
-    beside them."""
-    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
-    cafile = cafile if cafile and os.path.isfile(cafile) else None
-    capath = capath if capath and os.path.isdir(capath) else None
-    if cafile or capath:
-        context = ssl.create_default_context(cafile=cafile, capath=capath)
-    else:
-        context = ssl.create_default_context()      # the system's store, as OpenSSL finds it
-    if root_certificate:
-        context.load_verify_locations(cadata=root_certificate)
-    return context
-
-
 _trusted: tuple | None = None       # the trust huggingface_hub's client was made with
 
 
@@ -166,6 +150,7 @@ class HubTransport(HttpTransport):
                              f"({error.reason or error})", file=display_url(self.url)) from None
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
+        self._choose_receiver(https_only=self.endpoint.lower().startswith("https://"))
         self.api = huggingface_hub.HfApi(endpoint=self.endpoint, token=self.token or False)
         rest = self.url.split("://", 1)[1]
         self.repo_type, self.type_prefix = "model", ""

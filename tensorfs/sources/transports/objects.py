@@ -622,7 +622,7 @@ def untrusted_certificate(text: str, where: str) -> FetchError:
 def python_tls_problem(error: BaseException) -> str | None:
     """What a certificate refused by Python's ssl (huggingface_hub's HTTP client) means, from
     anywhere in ``error``'s chain, or None.  That client trusts what rustls does
-    (``tensorfs.sources.transports.hub.trust_context``)."""
+    (``tensorfs.sources.transports.receive.trust_context``)."""
     import ssl
 
     seen = set()
