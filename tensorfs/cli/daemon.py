@@ -233,13 +233,18 @@ def _serves_fuse(pid: int) -> bool:
 
 
 def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphaned daemon waits for init to reap it)."""
+    """Alive and not a zombie (an orphaned daemon waits for init to reap it).  A process
+    whose first thread is a zombie while other threads of it are still exiting (they hold
+    its files: the daemon's /dev/fuse, the mount still connected) has not exited yet:
+    ``unmount`` returned in that window, a daemon's threads still there."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rsplit(b")", 1)[1].split()[0]
+        if state not in (b"Z", b"X"):
+            return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
     except (OSError, IndexError):
         return False
-    return state not in (b"Z", b"X")
 
 
 def _wait_gone(pid: int, seconds: float) -> bool:

@@ -114,18 +114,19 @@ def test_list_shows_a_mount_degraded_while_its_server_fails_and_serving_once_it_
 
 def test_list_names_a_directorys_file_changed_on_the_server_before_its_first_read(s3, rmount):
     """A directory mount's companion is first asked for at its first read: a file that changed
-    since the listing reads EIO for good, and ``list`` says which one (it said "serving")."""
+    since the listing reads EIO for good, and ``list`` says which one (it said "serving").
+    A file no GGUF plan reads (config.json is read at the mount, for files/'s GGUF)."""
     s3.mkdir("dirchanged")
     s3.pipe_file("dirchanged/model.safetensors", save({"w": TENSOR}))
-    s3.pipe_file("dirchanged/config.json", b'{"model_type": "llama"}')
+    s3.pipe_file("dirchanged/notes.json", b'{"model_type": "llama"}')
     mnt = rmount("s3://dirchanged")
     assert _row(mnt)["state"] == "serving"
     assert _row(mnt)["source"] == "s3://dirchanged"          # as named, not the model file
-    s3.pipe_file("dirchanged/config.json", b'{"model_type": "mamba", "more": 1}')
-    assert read_errno(mnt / "files" / "config.json") == errno.EIO
+    s3.pipe_file("dirchanged/notes.json", b'{"model_type": "mamba", "more": 1}')
+    assert read_errno(mnt / "files" / "notes.json") == errno.EIO
     row = _row(mnt)
     assert row["state"] == "source changed", row
-    assert row["reason"].startswith("s3://dirchanged/config.json (files/config.json) changed: "
+    assert row["reason"].startswith("s3://dirchanged/notes.json (files/notes.json) changed: "
                                     "changed on the server since it was listed"), row
     assert row["reason"].endswith("it reads EIO, the tensors serve"), row
     assert (mnt / "w").read_bytes() == TENSOR.tobytes()          # the tensors still serve
