@@ -12,7 +12,12 @@ Cancelling the outer one (its reader is gone) cancels what it waits for.
 from __future__ import annotations
 
 import errno
+import heapq
+import itertools
+import logging
+import os
 import threading
+import time
 from concurrent.futures import Executor, Future
 from typing import Callable
 
@@ -87,3 +92,49 @@ def then(future: Future[int], work: Callable[[], int], run: Executor, what: str
     future.add_done_callback(came)
     out.add_done_callback(lambda o: future.cancel() if o.cancelled() else None)
     return out
+
+
+class Timers:
+    """One thread (named ``name``) that calls each ``fn`` given to ``add`` at its time
+    (``time.monotonic``), unless ``cancel`` came first: the deadlines of reads and requests
+    that wait without a thread of their own.  The thread is made in the process that uses
+    it (a daemon forks after import)."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cond = threading.Condition()
+        self._heap: list = []
+        self._order = itertools.count()
+        self._pid = 0
+
+    def add(self, when: float, fn: Callable[[], None]) -> list:
+        entry = [when, next(self._order), fn]
+        with self._cond:
+            if self._pid != os.getpid():        # made in the process that uses it
+                self._pid, self._heap = os.getpid(), []
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:
+                self._cond.notify()
+        return entry
+
+    @staticmethod
+    def cancel(entry: list) -> None:
+        entry[2] = None                 # what it would have called is let go now
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2] is None:
+                        heapq.heappop(self._heap)
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        fn = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            try:
+                fn()
+            except Exception:           # a deadline's own failure: nothing above to raise to
+                logging.getLogger("tensorfs").exception(f"{self._name}: a deadline failed "
+                                                        "unexpectedly")

@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import bisect
 import functools
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -52,6 +50,7 @@ from typing import Callable
 
 from tensorfs.sources.diskcache import DiskCache
 from tensorfs.sources.transports.base import Cancel, FetchError
+from tensorfs.waits import Timers
 
 # 4 MiB: against nginx on loopback 1, 2, 4 and 8 MiB blocks read a 256 MiB tensor within a
 # few percent of each other once read-ahead runs, and a random 4 KiB read costs the block's
@@ -739,45 +738,4 @@ class _Waiting:
         self._reader._release(self._futures, cancel=True, last=self._last)
 
 
-class _Timers:
-    """One thread that calls each ``fn`` given to ``add`` at its time (``time.monotonic``),
-    unless ``cancel`` came first: the deadlines of the reads that wait without a thread."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._heap: list = []
-        self._order = itertools.count()
-        self._pid = 0
-
-    def add(self, when: float, fn: Callable[[], None]) -> list:
-        entry = [when, next(self._order), fn]
-        with self._cond:
-            if self._pid != os.getpid():        # made in the process that uses it
-                self._pid, self._heap = os.getpid(), []
-                threading.Thread(target=self._run, name="tensorfs-deadlines", daemon=True).start()
-            heapq.heappush(self._heap, entry)
-            if self._heap[0] is entry:
-                self._cond.notify()
-        return entry
-
-    def cancel(self, entry: list) -> None:
-        entry[2] = None                 # what it would have called is let go now
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    while self._heap and self._heap[0][2] is None:
-                        heapq.heappop(self._heap)
-                    now = time.monotonic()
-                    if self._heap and self._heap[0][0] <= now:
-                        fn = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
-            try:
-                fn()
-            except Exception:           # a deadline's own failure: nothing above to raise to
-                log.exception("a read's deadline failed unexpectedly")
-
-
-_timers = _Timers()
+_timers = Timers("tensorfs-deadlines")

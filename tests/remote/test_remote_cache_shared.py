@@ -6,36 +6,11 @@ DIR stays within its bound."""
 
 from __future__ import annotations
 
-import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+from tests.support import bytes_at_one_moment
 from tests.support.remote_checks import MiB, assert_matches_reference, doc_of
-
-
-def _cache_bytes(cache: Path) -> int:
-    """The bytes of DIR's files at one moment, each file once: the files listed that are
-    still there, the same files, once all are listed (so they were all there together at
-    that moment: a listing made while mounts link and evict may name a file removed before
-    another was made).  A block linked into place from its temporary file is one file."""
-    seen = {}
-    for f in cache.rglob("*"):
-        try:
-            st = f.lstat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            seen[f] = (st.st_dev, st.st_ino)
-    sizes = {}
-    for f, inode in seen.items():
-        try:
-            st = f.lstat()
-        except FileNotFoundError:
-            continue
-        if (st.st_dev, st.st_ino) == inode:
-            sizes[inode] = st.st_size
-    return sum(sizes.values())
 
 
 def test_mounts_sharing_a_disk_cache_read_right_under_concurrent_readers_and_eviction(
@@ -56,7 +31,7 @@ def test_mounts_sharing_a_disk_cache_read_right_under_concurrent_readers_and_evi
 
     def watch():
         while not reading.wait(0.005):
-            peak[0] = max(peak[0], _cache_bytes(cache))
+            peak[0] = max(peak[0], bytes_at_one_moment(cache))
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
@@ -70,7 +45,7 @@ def test_mounts_sharing_a_disk_cache_read_right_under_concurrent_readers_and_evi
         reading.set()
         watcher.join()
     assert peak[0] <= size, peak
-    assert 0 < _cache_bytes(cache) <= size
+    assert 0 < bytes_at_one_moment(cache) <= size
     for mnt in mounts:                          # and the mounts still serve from what is left
         entry = next(iter(doc_of(mnt)["tensors"].values()))
         assert (mnt / entry["path"]).stat().st_size > 0

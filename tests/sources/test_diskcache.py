@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tensorfs.sources.diskcache import DiskCache
+from tests.support import bytes_at_one_moment
 from tests.support.users import needs_users
 
 ROOT = "tensorfs-blocks.v1"     # the cache's own directory in DIR (written out: the contract)
@@ -511,27 +512,6 @@ BUSY_WRITER = textwrap.dedent("""
 """)
 
 
-def _bytes_at_one_moment(directory: Path) -> int:
-    """DIR's bytes at one moment, each file once: the files listed that are still the same
-    files once all are listed (a listing made while others link and evict may name a file
-    removed before another was made; a block being linked has two names)."""
-    seen = {}
-    for f in directory.rglob("*"):
-        try:
-            st = f.lstat()
-        except FileNotFoundError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            seen[f] = (st.st_dev, st.st_ino)
-    sizes = {}
-    for f, inode in seen.items():
-        try:
-            st = f.lstat()
-        except FileNotFoundError:
-            continue
-        if (st.st_dev, st.st_ino) == inode:
-            sizes[inode] = st.st_size
-    return sum(sizes.values())
 
 
 def test_busy_writers_of_big_blocks_never_pass_the_bound(tmp_path):
@@ -547,7 +527,7 @@ def test_busy_writers_of_big_blocks_never_pass_the_bound(tmp_path):
                for k in range(3)]
     peak = 0
     while any(w.poll() is None for w in writers):
-        peak = max(peak, _bytes_at_one_moment(directory))
+        peak = max(peak, bytes_at_one_moment(directory))
     for w in writers:
         out, err = w.communicate(timeout=120)
         assert w.returncode == 0 and out.strip() == "done" and err == "", err

@@ -6,11 +6,13 @@ what tests imported from it before (``from tests.support import run_tensorfs`` s
 
 - ``commands``: the suite's runtime directory, the ``tensorfs`` command, ``run_tensorfs``;
 - ``mounts``: ``fuse_mounts_under``, ``mounts_in`` (the generator behind ``mount``/``rmount``);
+- ``files``: ``bytes_at_one_moment`` (a directory's bytes while others write into it);
 - ``processes``: ``daemon_pid``, ``alive``, ``read_errno``, and the waits on something
   observable (``wait_for``, ``in_fuse_request``, ``waiting_on_fuse``) that replace sleeps.
 """
 
 from tests.support.commands import RUNTIME_DIR, TENSORFS, run_tensorfs, usage_error
+from tests.support.files import bytes_at_one_moment
 from tests.support.mounts import fuse_mounts_under, mount_expecting_refusal, mounts_in
 from tests.support.processes import (
                                      EIO,
@@ -26,6 +28,6 @@ from tests.support.processes import (
 )
 
 __all__ = ["RUNTIME_DIR", "TENSORFS", "run_tensorfs", "usage_error", "fuse_mounts_under", "mount_expecting_refusal",
-           "mounts_in", "EIO",
+           "mounts_in", "EIO", "bytes_at_one_moment",
            "alive", "cmdline", "daemon_pid", "direct_read", "in_fuse_request", "read_errno", "wait_for",
            "waiting_on_fuse", "worker_pids"]

@@ -36,8 +36,6 @@ Which receives a mount's reads: ``chosen`` (``TENSORFS_HTTP_TRANSPORT``).
 from __future__ import annotations
 
 import errno
-import heapq
-import itertools
 import logging
 import os
 import re
@@ -46,10 +44,11 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
 from tensorfs.sources.transports.base import Cancel, FetchError, status_error
+from tensorfs.waits import Timers
 
 if TYPE_CHECKING:       # imported where first used: not on the mount command's path
     import http.client
@@ -166,50 +165,7 @@ class Buffers:
 
 # -- deadlines ------------------------------------------------------------------------------
 
-class _Deadlines:
-    """One thread that calls each hook given to ``add`` at its time unless ``cancel``
-    came first (made in the process that uses it)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._heap: list = []
-        self._order = itertools.count()
-        self._pid = 0
-
-    def add(self, when: float, fn: Callable[[], None]) -> list:
-        entry = [when, next(self._order), fn]
-        with self._cond:
-            if self._pid != os.getpid():
-                self._pid, self._heap = os.getpid(), []
-                threading.Thread(target=self._run, name="tensorfs-receive-deadlines",
-                                 daemon=True).start()
-            heapq.heappush(self._heap, entry)
-            if self._heap[0] is entry:
-                self._cond.notify()
-        return entry
-
-    @staticmethod
-    def cancel(entry: list) -> None:
-        entry[2] = None
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    while self._heap and self._heap[0][2] is None:
-                        heapq.heappop(self._heap)
-                    now = time.monotonic()
-                    if self._heap and self._heap[0][0] <= now:
-                        fn = heapq.heappop(self._heap)[2]
-                        break
-                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
-            try:
-                fn()
-            except Exception:           # a hook's own failure: nothing above to raise to
-                log.exception("a request's deadline failed unexpectedly")
-
-
-_deadlines = _Deadlines()
+_deadlines = Timers("tensorfs-receive-deadlines")
 
 
 # -- requests -------------------------------------------------------------------------------
