@@ -9,11 +9,13 @@ that an open reads one version whole."""
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from tensorfs.hfgguf.served import GgufSource
 from tensorfs.editing.compose import ComposedFile
 from tensorfs.editing.session import EditSession
 from tensorfs.editing.store import EditState
-from tensorfs.hfgguf.served import GgufSource, recompose
 from tensorfs.views.base import View
 from tensorfs.views.byteviews import GeneratedView
 
@@ -126,6 +128,8 @@ class GgufVersion(View):
                     files = self._files
                     if files is None:
                         files = self.session.composed_all(self.state)
+                    from tensorfs.hfgguf.served import recompose
+
                     found = self._source = recompose(self.gguf, files)
                     self._files = None
         return found
